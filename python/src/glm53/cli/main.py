@@ -1,0 +1,65 @@
+"""Wires the per-noun command modules into one `glm53` app; errors become exit codes here, once.
+
+Command modules import nothing heavy at import time (no torch, no vLLM), so `glm53 --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from glm53.errors import Glm53Error
+
+app = typer.Typer(
+    name="glm53",
+    help="Lock, verify, plan, launch and benchmark GLM-5.3-Flash (EXL3) with CPU expert offload.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    # Each command module exposes register(app); modules not present yet are skipped.
+    for optional in ("model", "serve", "doctor", "demo", "plan", "probe", "bench", "repro"):
+        try:
+            module = __import__(f"glm53.cli.{optional}", fromlist=["register"])
+        except ModuleNotFoundError as exc:
+            if exc.name == f"glm53.cli.{optional}":
+                continue
+            raise
+        module.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except Glm53Error as exc:
+        err = Console(stderr=True, soft_wrap=True)
+        err.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
+        if exc.hint:
+            err.print(f"[dim]hint:[/dim] {exc.hint}", highlight=False)
+        if os.environ.get("GLM53_DEBUG"):
+            raise
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:  # click usage errors carry their own exit code (2)
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""One error hierarchy: every error knows its exit code and the fix to suggest.
+
+    Glm53Error (exit 1)
+     ├── CheckFailed          exit 1  a check ran and found a problem (mismatch, failed gate)
+     ├── BadInput             exit 2  the user's input is wrong: file, field or flag; nothing was changed
+     └── UnsupportedHost      exit 3  this machine cannot do it (no GPU, vLLM missing)
+
+The CLI turns them into a one-line message plus a hint at a single boundary (`glm53.cli.main`).
+"""
+
+from __future__ import annotations
+
+
+class Glm53Error(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class CheckFailed(Glm53Error):
+    exit_code = 1
+
+
+class BadInput(Glm53Error):
+    exit_code = 2
+
+
+class UnsupportedHost(Glm53Error):
+    exit_code = 3
+
+
+__all__ = ["BadInput", "CheckFailed", "Glm53Error", "UnsupportedHost"]

@@ -1,0 +1,108 @@
+"""File-system helpers shared by every writer: atomic writes and paths confined to a directory."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from glm53.errors import BadInput
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = True, mode: int = 0o644) -> None:
+    """Write `data` to `path` through a temp file in the same directory, fsync, then rename.
+
+    A reader sees the old file or the new one, never half of one; on any failure (ENOSPC, EROFS)
+    the temp file is removed and the original is untouched.
+    """
+    path = Path(path)
+    if not overwrite and path.exists():
+        raise BadInput(f"{path} already exists", hint="pass --force to replace it")
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, mode)
+        if not overwrite:
+            # link() fails if the target appeared meanwhile: no silent overwrite race.
+            os.link(tmp_name, path)
+            os.unlink(tmp_name)
+        else:
+            os.replace(tmp_name, path)
+        _fsync_dir(directory)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise _write_error(path, exc) from exc
+
+
+def atomic_write_text(path: Path, text: str, *, overwrite: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
+
+
+def atomic_write_json(path: Path, value: Any, *, overwrite: bool = True) -> None:
+    atomic_write_text(path, json.dumps(value, indent=2, sort_keys=False) + "\n", overwrite=overwrite)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _write_error(path: Path, exc: OSError) -> BadInput:
+    if exc.errno == errno.ENOSPC:
+        return BadInput(f"no space left on device while writing {path}", hint="free space and run again")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return BadInput(f"cannot write {path}: {exc.strerror}", hint="check that the directory is writable")
+    if exc.errno == errno.EEXIST:
+        return BadInput(f"{path} already exists", hint="pass --force to replace it")
+    return BadInput(f"cannot write {path}: {exc}")
+
+
+def read_json(path: Path, *, what: str) -> Any:
+    """Read a JSON file, turning every failure into a BadInput that names the file."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError as exc:
+        raise BadInput(f"{what} not found: {path}") from exc
+    except OSError as exc:
+        raise BadInput(f"cannot read {what} {path}: {exc.strerror}") from exc
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{what} {path} is not valid JSON: {exc}", hint="restore or regenerate the file") from exc
+
+
+def safe_relative_path(name: str, *, what: str) -> PurePosixPath:
+    """Validate a path taken from a lock or an index: relative, normalised, never leaving its root."""
+    if not name or "\x00" in name or "\\" in name:
+        raise BadInput(f"{what}: invalid path {name!r}")
+    posix = PurePosixPath(name)
+    if posix.is_absolute() or any(part in ("..", "") for part in posix.parts) or name != str(posix):
+        raise BadInput(f"{what}: path {name!r} must be relative and stay inside the model directory")
+    return posix
+
+
+def resolve_inside(root: Path, relative: PurePosixPath, *, what: str) -> Path:
+    """Join `relative` to `root`, refusing symlinks that lead outside `root`."""
+    root_real = Path(root).resolve()
+    candidate = root_real / relative
+    real = candidate.resolve()
+    if real != root_real and root_real not in real.parents:
+        raise BadInput(f"{what}: {relative} resolves to {real}, outside {root_real}",
+                       hint="replace the symlink with the file itself")
+    return candidate

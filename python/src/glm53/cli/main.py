@@ -38,8 +38,10 @@ _register()
 
 
 def main() -> None:
+    # Standalone mode keeps Click's own handling of usage errors (exit 2) and Ctrl-C; our errors pass
+    # through it untouched and become their exit code here.
     try:
-        app(standalone_mode=False)
+        app()
     except Glm53Error as exc:
         err = Console(stderr=True, soft_wrap=True)
         err.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
@@ -48,17 +50,6 @@ def main() -> None:
         if os.environ.get("GLM53_DEBUG"):
             raise
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
-    except Exception as exc:  # click usage errors carry their own exit code (2)
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+# Pure functions over repro.lock.json and service settings. They need no nixpkgs, so they are
+# evaluated and tested with a bare `nix eval` (tests/test_nix.py); flake.nix and the module only wire them.
+{
+  lockFile ? ../repro.lock.json,
+}:
+let
+  lock = builtins.fromJSON (builtins.readFile lockFile);
+
+  # A pin the upstream project never published stays null in the lock; building from it must stop
+  # with the lock field to fill in, not with a hash mismatch three hours into a CUDA build.
+  requirePin =
+    field: value:
+    if value == null then
+      throw "repro.lock.json: ${field} is not pinned yet; set it (full 40-hex commit or SRI hash) before building this output"
+    else
+      value;
+
+  isEnvKey = key: builtins.match "[A-Z][A-Z0-9_]*" key != null;
+
+  renderValue =
+    key: value:
+    let
+      text =
+        if builtins.isBool value then
+          (if value then "1" else "0")
+        # toJSON, not toString: toString renders 0.94 as "0.940000".
+        else if builtins.isFloat value then
+          builtins.toJSON value
+        else if builtins.isInt value || builtins.isString value then
+          toString value
+        else
+          throw "glm53 settings: ${key} must be a string, number or boolean";
+    in
+    if builtins.match ".*[\n\r].*" text != null then
+      throw "glm53 settings: ${key} must not contain a newline"
+    else
+      text;
+
+  # `KEY=VALUE` lines, sorted by key: the format `glm53 serve --env-file` reads and validates
+  # (unknown keys are an error there, so a typo in a NixOS config fails the build, not the start).
+  renderEnvFile =
+    settings:
+    let
+      keys = builtins.attrNames settings;
+      bad = builtins.filter (key: !(isEnvKey key)) keys;
+    in
+    if bad != [ ] then
+      throw "glm53 settings: invalid key(s) ${builtins.concatStringsSep ", " bad}; keys are the profile's upper-case names"
+    else
+      builtins.concatStringsSep "" (map (key: "${key}=${renderValue key settings.${key}}\n") keys);
+
+  # The command line a service runs; everything about the engine comes from the profile and env file.
+  serveArgs =
+    {
+      profile,
+      modelDir,
+      envFile,
+      host ? "127.0.0.1",
+      port ? lock.runtime.port,
+      apiKeyFile ? null,
+    }:
+    [
+      "serve"
+      "--profile"
+      profile
+      "--model"
+      (toString modelDir)
+      "--env-file"
+      (toString envFile)
+      "--host"
+      host
+      "--port"
+      (toString port)
+    ]
+    ++ (if host == "127.0.0.1" || host == "::1" || host == "localhost" then [ ] else [ "--listen-all" ])
+    ++ (if apiKeyFile == null then [ ] else [ "--api-key-file" (toString apiKeyFile) ]);
+
+  pins = {
+    inherit (lock.engine)
+      vllm
+      glm53_overlay
+      exllamav3
+      cuda
+      ;
+    inherit (lock.nix) nixpkgs;
+    inherit (lock) checkpoint;
+  };
+in
+{
+  inherit
+    lock
+    pins
+    requirePin
+    renderEnvFile
+    serveArgs
+    ;
+  version = "0.1.0";
+}

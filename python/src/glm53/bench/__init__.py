@@ -1,0 +1,1 @@
+"""Benchmarks and quality gates against a running OpenAI-compatible server: the recipe's method."""

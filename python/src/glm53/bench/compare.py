@@ -1,0 +1,179 @@
+"""`bench compare`: two reports side by side, or one report against the recipe's published points.
+
+A is the baseline, B the candidate: each row shows A, B, B - A and (B - A) / A. Against the recipe, the recipe
+is A and the report is B, so the deltas read as "this host versus the recipe".
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel
+
+from glm53.bench.report import Summary
+from glm53.errors import BadInput
+
+Metric = Literal["ttft_ms", "prefill_tok_s", "decode_tok_s"]
+METRICS: tuple[Metric, ...] = ("ttft_ms", "prefill_tok_s", "decode_tok_s")
+AGENT_METRICS: tuple[str, ...] = (
+    "prefix_cache_hit_pct",
+    "median_tool_call_turn_latency_s",
+    "mean_decode_tok_s",
+)
+_LOWER_IS_BETTER = frozenset({"ttft_ms", "median_tool_call_turn_latency_s"})
+
+
+class RecipePoint(BaseModel):
+    context_len: int
+    output_tokens: int
+    ttft_ms: float
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+class RecipeAgent(BaseModel):
+    profile: str
+    tasks: int
+    prefix_cache_hit_pct: float
+    median_tool_call_turn_latency_s: float
+    mean_decode_tok_s: float
+
+
+class RecipePerformance(BaseModel):
+    source: str
+    method: str
+    default_profile: str
+    profiles: dict[str, list[RecipePoint]]
+    agent: RecipeAgent
+
+
+class ComparisonRow(BaseModel):
+    section: str
+    subject: str
+    metric: str
+    a: float | None
+    b: float | None
+    delta: float | None
+    delta_pct: float | None
+    b_better: bool | None
+
+
+class Comparison(BaseModel):
+    a_label: str
+    b_label: str
+    rows: list[ComparisonRow]
+
+
+def recipe_performance() -> RecipePerformance:
+    raw = resources.files("glm53").joinpath("data/recipe-performance.json").read_text(encoding="utf-8")
+    return RecipePerformance.model_validate(json.loads(raw))
+
+
+def _row(section: str, subject: str, metric: str, a: float | None, b: float | None) -> ComparisonRow:
+    delta = b - a if a is not None and b is not None else None
+    pct = delta / a * 100.0 if delta is not None and a else None
+    better = None if delta is None or delta == 0 else (delta < 0) == (metric in _LOWER_IS_BETTER)
+    return ComparisonRow(
+        section=section, subject=subject, metric=metric, a=a, b=b, delta=delta, delta_pct=pct, b_better=better
+    )
+
+
+def _best_points(summary: Summary) -> dict[tuple[int, int], dict[str, float | None]]:
+    if summary.run is None:
+        return {}
+    return {
+        (shape.prompt_tokens, shape.output_tokens): {
+            metric: getattr(shape.best, metric) for metric in METRICS
+        }
+        for shape in summary.run.shapes
+    }
+
+
+def compare_summaries(a: Summary, b: Summary, *, a_label: str = "A", b_label: str = "B") -> Comparison:
+    rows: list[ComparisonRow] = []
+    points_a, points_b = _best_points(a), _best_points(b)
+    for key in sorted(set(points_a) | set(points_b)):
+        subject = f"{key[0]}:{key[1]}"
+        for metric in METRICS:
+            rows.append(
+                _row(
+                    "run",
+                    subject,
+                    metric,
+                    points_a.get(key, {}).get(metric),
+                    points_b.get(key, {}).get(metric),
+                )
+            )
+    if a.needle is not None or b.needle is not None:
+        rows.append(
+            _row(
+                "needle",
+                "all",
+                "pass_rate_pct",
+                a.needle.pass_rate * 100 if a.needle else None,
+                b.needle.pass_rate * 100 if b.needle else None,
+            )
+        )
+    if a.coherence is not None or b.coherence is not None:
+        rows.append(
+            _row(
+                "coherence",
+                "all",
+                "passed",
+                float(a.coherence.passed) if a.coherence else None,
+                float(b.coherence.passed) if b.coherence else None,
+            )
+        )
+    if a.agent is not None or b.agent is not None:
+        for agent_metric in AGENT_METRICS:
+            rows.append(
+                _row(
+                    "agent",
+                    "session",
+                    agent_metric,
+                    getattr(a.agent, agent_metric) if a.agent else None,
+                    getattr(b.agent, agent_metric) if b.agent else None,
+                )
+            )
+    if not rows:
+        raise BadInput("neither report has a section to compare", hint="run `glm53 bench run` first")
+    return Comparison(a_label=a_label, b_label=b_label, rows=rows)
+
+
+def compare_to_recipe(
+    summary: Summary, *, profile: str | None = None, label: str = "this host"
+) -> Comparison:
+    recipe = recipe_performance()
+    profile = profile or recipe.default_profile
+    if profile not in recipe.profiles:
+        raise BadInput(
+            f"--profile {profile!r} is not one of the recipe's",
+            hint=f"use one of: {', '.join(recipe.profiles)}",
+        )
+    mine = _best_points(summary)
+    rows: list[ComparisonRow] = []
+    for point in recipe.profiles[profile]:
+        key = (point.context_len, point.output_tokens)
+        for metric in METRICS:
+            rows.append(
+                _row(
+                    "run", f"{key[0]}:{key[1]}", metric, getattr(point, metric), mine.get(key, {}).get(metric)
+                )
+            )
+    for key in sorted(set(mine) - {(p.context_len, p.output_tokens) for p in recipe.profiles[profile]}):
+        for metric in METRICS:
+            rows.append(_row("run", f"{key[0]}:{key[1]}", metric, None, mine[key][metric]))
+    if summary.agent is not None:
+        for agent_metric in AGENT_METRICS:
+            rows.append(
+                _row(
+                    "agent",
+                    "session",
+                    agent_metric,
+                    getattr(recipe.agent, agent_metric),
+                    getattr(summary.agent, agent_metric),
+                )
+            )
+    return Comparison(a_label=f"recipe ({profile})", b_label=label, rows=rows)

@@ -1,0 +1,92 @@
+"""Thresholds that turn a report into a pass/fail gate: `--fail-under decode=45,prefill=1000`.
+
+A gate is evaluated on the value the report publishes (the best of N per shape, so every shape must meet
+it); a missing value (no valid run) fails the gate, since nothing was shown to meet it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel
+
+from glm53.errors import BadInput
+
+
+class GateResult(BaseModel):
+    name: str
+    subject: str
+    threshold: float
+    value: float | None
+    passed: bool
+    detail: str
+
+
+def parse_thresholds(
+    spec: str | None, allowed: Mapping[str, str], *, flag: str = "--fail-under"
+) -> dict[str, float]:
+    """`decode=45,prefill=1000` -> {"decode": 45.0, ...}; keys must be in `allowed` (key -> meaning)."""
+    if not spec:
+        return {}
+    thresholds: dict[str, float] = {}
+    choices = ", ".join(f"{key} ({meaning})" for key, meaning in allowed.items())
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        key, sep, raw = item.partition("=")
+        key = key.strip().lower().replace("_", "-")
+        if not sep or key not in allowed:
+            raise BadInput(f"{flag}: {item!r} is not KEY=NUMBER with a known KEY", hint=f"keys: {choices}")
+        try:
+            thresholds[key] = float(raw)
+        except ValueError as exc:
+            raise BadInput(f"{flag}: {key}={raw!r} is not a number", hint=f"e.g. {flag} {key}=45") from exc
+    return thresholds
+
+
+def minimum_gates(
+    name: str, threshold: float, values: Iterable[tuple[str, float | None]], unit: str
+) -> list[GateResult]:
+    """One result per subject: passes when value >= threshold."""
+    results = []
+    for subject, value in values:
+        passed = value is not None and value >= threshold
+        shown = "no valid value" if value is None else f"{value:.4g} {unit}"
+        verdict = "meets" if passed else "is below"
+        results.append(
+            GateResult(
+                name=name,
+                subject=subject,
+                threshold=threshold,
+                value=value,
+                passed=passed,
+                detail=f"{shown} {verdict} the minimum {threshold:g} {unit}"
+                if value is not None
+                else f"{shown}: the minimum {threshold:g} {unit} is not shown",
+            )
+        )
+    return results
+
+
+def maximum_gates(
+    name: str, threshold: float, values: Iterable[tuple[str, float | None]], unit: str
+) -> list[GateResult]:
+    """One result per subject: passes when value <= threshold (latencies)."""
+    results = []
+    for subject, value in values:
+        passed = value is not None and value <= threshold
+        detail = (
+            f"no valid value: the maximum {threshold:g} {unit} is not shown"
+            if value is None
+            else f"{value:.4g} {unit} {'is within' if passed else 'exceeds'} the maximum {threshold:g} {unit}"
+        )
+        results.append(
+            GateResult(
+                name=name, subject=subject, threshold=threshold, value=value, passed=passed, detail=detail
+            )
+        )
+    return results
+
+
+def failed(gates: Iterable[GateResult]) -> list[GateResult]:
+    return [gate for gate in gates if not gate.passed]

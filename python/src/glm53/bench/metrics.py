@@ -1,0 +1,86 @@
+"""vLLM's `/metrics` (Prometheus text format): parse, and diff two snapshots around a request."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Protocol
+
+from pydantic import BaseModel
+
+# name, optional {labels}, value; an optional timestamp follows. Label values may hold spaces and braces,
+# so the labels group is matched up to the last "}" before the value.
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?\s*$")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum every sample of each metric name over its label sets (one engine, one model: the sum is it)."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        name = match.group(1)
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+class MetricsDelta(BaseModel):
+    """Counter increases between two snapshots; None where the server does not export the counter."""
+
+    preemptions: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        if not self.prefix_cache_queries or self.prefix_cache_hits is None:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+
+_COUNTERS = {
+    "preemptions": "vllm:num_preemptions",
+    "prefix_cache_queries": "vllm:prefix_cache_queries",
+    "prefix_cache_hits": "vllm:prefix_cache_hits",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "generation_tokens": "vllm:generation_tokens",
+}
+
+
+def _counter(sample: dict[str, float], base: str) -> float | None:
+    # prometheus_client exports counters with a `_total` suffix; older exporters did not.
+    for name in (f"{base}_total", base):
+        if name in sample:
+            return sample[name]
+    return None
+
+
+def diff_metrics(before: dict[str, float] | None, after: dict[str, float] | None) -> MetricsDelta | None:
+    if before is None or after is None:
+        return None
+    values: dict[str, float | None] = {}
+    for field, base in _COUNTERS.items():
+        start, end = _counter(before, base), _counter(after, base)
+        values[field] = None if start is None or end is None else max(0.0, end - start)
+    return MetricsDelta(**values)
+
+
+class MetricsSource(Protocol):
+    def metrics_text(self) -> str | None: ...
+
+
+def snapshot(source: MetricsSource) -> dict[str, float] | None:
+    """The server's counters now, or None when it exports none."""
+    text = source.metrics_text()
+    return parse_prometheus(text) if text is not None else None

@@ -1,0 +1,79 @@
+"""PNG plots of a run: TTFT and decode speed against context length (matplotlib, Agg, imported lazily)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from glm53.bench.compare import RecipePoint
+from glm53.bench.runner import RunSection
+from glm53.errors import UnsupportedHost
+from glm53.fsutil import atomic_write_bytes
+
+TTFT_PNG = "ttft_vs_context.png"
+DECODE_PNG = "decode_vs_context.png"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise UnsupportedHost(
+            "matplotlib is not installed", hint="pip install 'glm53[plots]', or pass --no-plots"
+        ) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(
+    run: RunSection, out_dir: Path, *, recipe: list[RecipePoint] | None = None, recipe_label: str = "recipe"
+) -> list[Path]:
+    plt = _pyplot()
+    written = []
+    panels = (
+        (TTFT_PNG, "ttft_ms", 1e-3, "TTFT (s)", "Time to first token vs context"),
+        (DECODE_PNG, "decode_tok_s", 1.0, "decode tok/s", "Decode speed vs context"),
+    )
+    for name, metric, scale, ylabel, title in panels:
+        figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
+        every_x, every_y, best_x, best_y = [], [], [], []
+        for shape in run.shapes:
+            for record in shape.runs:
+                value = getattr(record, metric)
+                if record.valid and value is not None:
+                    every_x.append(shape.prompt_tokens)
+                    every_y.append(value * scale)
+            best = getattr(shape.best, metric)
+            if best is not None:
+                best_x.append(shape.prompt_tokens)
+                best_y.append(best * scale)
+        axes.scatter(every_x, every_y, s=14, alpha=0.45, label="every valid run")
+        axes.plot(best_x, best_y, marker="o", label="best of N")
+        if recipe:
+            axes.plot(
+                [p.context_len for p in recipe],
+                [getattr(p, metric) * scale for p in recipe],
+                marker="s",
+                linestyle="--",
+                label=recipe_label,
+            )
+        # Contexts span 8K..260K (and tiny shapes in tests): a log axis keeps every point readable.
+        axes.set_xscale("log", base=2)
+        if metric == "ttft_ms":
+            axes.set_yscale("log")
+        axes.set_xlabel("prompt tokens")
+        axes.set_ylabel(ylabel)
+        axes.set_title(title)
+        axes.grid(True, alpha=0.3)
+        axes.legend(loc="best", fontsize=8)
+        figure.tight_layout()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        plt.close(figure)
+        path = Path(out_dir) / name
+        atomic_write_bytes(path, buffer.getvalue())
+        written.append(path)
+    return written

@@ -1,0 +1,254 @@
+"""`summary.json`: one versioned report per output directory, each bench command filling its own section.
+
+Writing merges into an existing summary of the same schema (so `bench run`, `needle`, `coherence` and `agent`
+can share one directory) and always goes through an atomic replace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from glm53.bench.agent import AgentSection
+from glm53.bench.client import ServerInfo
+from glm53.bench.coherence import CoherenceSection
+from glm53.bench.gates import GateResult
+from glm53.bench.needle import NeedleSection
+from glm53.bench.runner import RunSection
+from glm53.errors import BadInput
+from glm53.fsutil import atomic_write_json, read_json
+
+SCHEMA_VERSION: Literal["glm53.bench/1"] = "glm53.bench/1"
+SUMMARY_NAME = "summary.json"
+
+# Engine and planner settings worth recording besides the profile keys (glm53.profiles.KEYS); values of keys
+# that look secret are never copied.
+_PLAN_PREFIXES = ("EXL3_", "GLM53_", "VLLM_", "HYBRID_", "CUDA_", "OMP_")
+_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+class PlanSetting(BaseModel):
+    value: str
+    origin: str
+    source: str
+
+
+class Environment(BaseModel):
+    created_at: str
+    hostname: str
+    platform: str
+    python: str
+    glm53_version: str | None
+    tool_sha256: str = Field(description="sha256 over the glm53 package's Python sources")
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    driver: str | None = None
+    gpu_note: str | None = None
+    server: ServerInfo | None = None
+    repro_lock_sha256: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    plan_env: dict[str, str] = Field(default_factory=dict, description="engine/planner env keys in force")
+    plan_profile: str | None = Field(None, description="the serving profile named with --serve-profile")
+    plan: dict[str, PlanSetting] = Field(
+        default_factory=dict,
+        description="that profile's resolved settings (profile, --env-file, environment)",
+    )
+
+
+class Summary(BaseModel):
+    schema_version: Literal["glm53.bench/1"] = SCHEMA_VERSION
+    environment: Environment
+    run: RunSection | None = None
+    needle: NeedleSection | None = None
+    coherence: CoherenceSection | None = None
+    agent: AgentSection | None = None
+    gates: dict[str, list[GateResult]] = Field(
+        default_factory=dict, description="per section ('run', 'needle', ...): the thresholds evaluated"
+    )
+
+
+def collect_environment(
+    server: ServerInfo | None,
+    *,
+    environ: dict[str, str] | None = None,
+    profile: str | None = None,
+    env_file: Path | None = None,
+) -> Environment:
+    env = dict(os.environ if environ is None else environ)
+    gpus, driver, note = _gpus()
+    commit, dirty = _git_state(Path(__file__).resolve().parent)
+    return Environment(
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        python=sys.version.split()[0],
+        glm53_version=_version("glm53"),
+        tool_sha256=tool_sha256(),
+        gpus=gpus,
+        driver=driver,
+        gpu_note=note,
+        server=server,
+        repro_lock_sha256=_repro_lock_sha256(),
+        git_commit=commit,
+        git_dirty=dirty,
+        plan_env=plan_env(env),
+        plan_profile=profile,
+        plan=resolved_plan(profile, env, env_file) if profile or env_file else {},
+    )
+
+
+def resolved_plan(profile: str | None, env: dict[str, str], env_file: Path | None) -> dict[str, PlanSetting]:
+    """The serving profile as `glm53 serve` would resolve it here, each value with where it came from."""
+    from glm53.profiles import DEFAULT_PROFILE, load_profile, read_env_file
+
+    loaded = load_profile(
+        profile or DEFAULT_PROFILE, environ=env, env_file=read_env_file(env_file) if env_file else None
+    )
+    return {
+        key: PlanSetting(value=setting.value, origin=setting.origin, source=setting.source)
+        for key, setting in loaded.settings.items()
+        if not any(marker in key.upper() for marker in _SECRET_MARKERS)
+    }
+
+
+def plan_env(env: dict[str, str]) -> dict[str, str]:
+    known = _profile_keys()
+    chosen = {}
+    for key in sorted(env):
+        if any(marker in key.upper() for marker in _SECRET_MARKERS):
+            continue
+        if key in known or key.startswith(_PLAN_PREFIXES):
+            chosen[key] = env[key]
+    return chosen
+
+
+def _profile_keys() -> frozenset[str]:
+    """Every key a serving profile may set (glm53.profiles), so the report shows the plan in force."""
+    try:
+        from glm53.profiles import KEYS
+    except (ImportError, AttributeError):
+        return frozenset()
+    return frozenset(KEYS)
+
+
+def tool_sha256() -> str:
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def summary_path(out_dir: Path) -> Path:
+    return Path(out_dir) / SUMMARY_NAME
+
+
+def load_summary(path: Path) -> Summary:
+    """Read a summary (a file, or a directory holding summary.json); errors name the file and the field."""
+    path = Path(path)
+    if path.is_dir():
+        path = summary_path(path)
+    raw = read_json(path, what="bench summary")
+    if isinstance(raw, dict) and raw.get("schema_version") != SCHEMA_VERSION:
+        raise BadInput(
+            f"{path}: schema_version {raw.get('schema_version')!r} is not {SCHEMA_VERSION!r}",
+            hint="re-run the benchmark with this version of glm53",
+        )
+    try:
+        return Summary.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise BadInput(
+            f"{path}: {where}: {first['msg']}", hint="the file is not a glm53 bench summary"
+        ) from exc
+
+
+def ensure_same_server(out_dir: Path, server: ServerInfo | None) -> None:
+    """Refuse to mix measurements of two servers or models in one summary (checked before measuring)."""
+    path = summary_path(out_dir)
+    if server is None or not path.exists():
+        return
+    previous = load_summary(path).environment.server
+    if previous is not None and (previous.base_url, previous.model) != (server.base_url, server.model):
+        raise BadInput(
+            f"--out {out_dir} holds a report of {previous.model} at {previous.base_url}, "
+            f"not of {server.model} at {server.base_url}",
+            hint="pass another --out directory for this server",
+        )
+
+
+def write_section(out_dir: Path, environment: Environment, **sections: Any) -> Path:
+    """Create or update `out_dir/summary.json`: replace the named sections and their gates, keep the rest."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"--out {out_dir}: cannot create the directory: {exc.strerror}") from exc
+    path = summary_path(out_dir)
+    ensure_same_server(out_dir, environment.server)
+    gates: dict[str, list[GateResult]] = sections.pop("gates", {}) or {}
+    summary = load_summary(path) if path.exists() else Summary(environment=environment)
+    update = {"environment": environment, **sections, "gates": {**summary.gates, **gates}}
+    summary = summary.model_copy(update=update)
+    atomic_write_json(path, summary.model_dump(mode="json"))
+    return path
+
+
+def _gpus() -> tuple[list[dict[str, Any]], str | None, str | None]:
+    """(GPUs, driver, note when there are none): never fails the report."""
+    try:
+        from glm53.host.gpus import NoGpu, read_gpus
+    except ImportError as exc:
+        return [], None, f"GPU discovery unavailable: {exc}"
+    try:
+        gpus = read_gpus()
+    except NoGpu as exc:
+        return [], None, str(exc)
+    return [gpu.model_dump(mode="json") for gpu in gpus], (gpus[0].driver_version if gpus else None), None
+
+
+def _repro_lock_sha256() -> str | None:
+    try:
+        from glm53.repro import repro_lock_sha256
+    except (ImportError, AttributeError):
+        return None
+    try:
+        return repro_lock_sha256()
+    except Exception:
+        return None
+
+
+def _git_state(start: Path) -> tuple[str | None, bool | None]:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(start), *args], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit.strip(), (bool(status.strip()) if status is not None else None)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,268 @@
+"""`bench run`: the recipe's throughput measurement, one request at a time, best of N per shape.
+
+TTFT = request start -> first streamed event carrying tokens; prefill tok/s = prompt tokens / TTFT;
+decode tok/s = (completion tokens - 1) / (end - first token time). A run counts only when the usage matches
+the request and every finish reason is `length`; invalid runs are kept with their reason.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
+from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
+from glm53.bench.prompts import PromptFactory, PromptStyle
+from glm53.bench.stream import StreamOutcome, decode_rate, prefill_rate
+from glm53.errors import BadInput
+
+DEFAULT_SHAPES = "8192:2048,131072:2048,260096:2048"
+
+
+class Shape(BaseModel):
+    prompt_tokens: int = Field(gt=0)
+    output_tokens: int = Field(gt=1, description="two at least: decode speed needs a second token")
+
+    @property
+    def label(self) -> str:
+        return f"{self.prompt_tokens}:{self.output_tokens}"
+
+
+def parse_shapes(spec: str, *, flag: str = "--shapes") -> list[Shape]:
+    """`8192:2048,131072:2048` -> shapes; errors name the flag and the bad item."""
+    shapes: list[Shape] = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        prompt, sep, output = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            shape = Shape(
+                prompt_tokens=int(prompt.replace("_", "")), output_tokens=int(output.replace("_", ""))
+            )
+        except ValueError as exc:
+            raise BadInput(
+                f"{flag}: {item!r} is not PROMPT:OUTPUT with PROMPT >= 1 and OUTPUT >= 2",
+                hint=f"e.g. {flag} 8192:2048,131072:2048",
+            ) from exc
+        shapes.append(shape)
+    if not shapes:
+        raise BadInput(f"{flag} is empty", hint=f"e.g. {flag} {DEFAULT_SHAPES}")
+    return shapes
+
+
+class RunRecord(BaseModel):
+    """One request, valid or not; every run is kept in the report."""
+
+    shape: str
+    run: int
+    started_at: str
+    cache_salt: str
+    prompt_tokens_requested: int
+    output_tokens_requested: int
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    ttft_ms: float | None = None
+    prefill_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    total_s: float | None = None
+    token_events: int = 0
+    finish_reasons: list[str | None] = Field(default_factory=list)
+    http_status: int | None = None
+    valid: bool = False
+    invalid_reason: str | None = None
+    metrics: MetricsDelta | None = None
+
+
+class BestOf(BaseModel):
+    """Best of the valid runs, each figure on its own (as the recipe reports them)."""
+
+    valid_runs: int
+    ttft_ms: float | None = None
+    prefill_tok_s: float | None = None
+    decode_tok_s: float | None = None
+
+
+class ShapeResult(BaseModel):
+    shape: str
+    prompt_tokens: int
+    output_tokens: int
+    runs: list[RunRecord]
+    best: BestOf
+
+
+class RunSection(BaseModel):
+    style: PromptStyle
+    runs_per_shape: int
+    shapes: list[ShapeResult]
+
+
+class Streamer(Protocol):
+    def stream(self, path: str, body: dict[str, Any]) -> StreamOutcome: ...
+    def metrics_text(self) -> str | None: ...
+
+
+def completion_body(model: str, prompt: list[int], output_tokens: int, cache_salt: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "cache_salt": cache_salt,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def judge_run(outcome: StreamOutcome, shape: Shape) -> tuple[bool, str | None]:
+    """(valid, reason when not): the recipe's validity rule plus what timing needs."""
+    if outcome.error:
+        return False, outcome.error
+    if outcome.usage is None:
+        return False, "no usage in the stream (stream_options.include_usage not honoured)"
+    if outcome.usage.prompt_tokens != shape.prompt_tokens:
+        return (
+            False,
+            f"usage reports {outcome.usage.prompt_tokens} prompt tokens, {shape.prompt_tokens} were sent",
+        )
+    if outcome.usage.completion_tokens != shape.output_tokens:
+        return False, (
+            f"usage reports {outcome.usage.completion_tokens} completion tokens, "
+            f"{shape.output_tokens} were requested"
+        )
+    if not outcome.finish_reasons or any(reason != "length" for reason in outcome.finish_reasons):
+        return False, f"finish reasons {outcome.finish_reasons}, expected 'length' for every choice"
+    if outcome.ttft_s is None or outcome.end_s is None or outcome.end_s <= outcome.ttft_s:
+        return False, "no token event before the end of the stream"
+    return True, None
+
+
+def measure(outcome: StreamOutcome) -> dict[str, float | None]:
+    """TTFT, prefill and decode rates from a stream's times and usage (None where undefined)."""
+    ttft = outcome.ttft_s
+    return {
+        "ttft_ms": ttft * 1000.0 if ttft is not None else None,
+        "prefill_tok_s": prefill_rate(outcome),
+        "decode_tok_s": decode_rate(outcome),
+        "total_s": outcome.end_s,
+    }
+
+
+def best_of(runs: Sequence[RunRecord]) -> BestOf:
+    valid = [r for r in runs if r.valid]
+    ttfts = [r.ttft_ms for r in valid if r.ttft_ms is not None]
+    prefills = [r.prefill_tok_s for r in valid if r.prefill_tok_s is not None]
+    decodes = [r.decode_tok_s for r in valid if r.decode_tok_s is not None]
+    return BestOf(
+        valid_runs=len(valid),
+        ttft_ms=min(ttfts) if ttfts else None,
+        prefill_tok_s=max(prefills) if prefills else None,
+        decode_tok_s=max(decodes) if decodes else None,
+    )
+
+
+def check_fits(shapes: Sequence[Shape], max_model_len: int | None, *, flag: str = "--shapes") -> None:
+    if max_model_len is None:
+        return
+    for shape in shapes:
+        needed = shape.prompt_tokens + shape.output_tokens
+        if needed > max_model_len:
+            raise BadInput(
+                f"{flag}: {shape.label} needs {needed} tokens of context; the server's max_model_len is "
+                f"{max_model_len}",
+                hint=f"pass smaller {flag}, or serve with a larger MAX_MODEL_LEN",
+            )
+
+
+def run_one(client: Streamer, model: str, prompt: list[int], shape: Shape, run: int) -> RunRecord:
+    salt = secrets.token_hex(16)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    before = snapshot(client)
+    outcome = client.stream("/v1/completions", completion_body(model, prompt, shape.output_tokens, salt))
+    after = snapshot(client)
+    valid, reason = judge_run(outcome, shape)
+    usage = outcome.usage
+    return RunRecord(
+        shape=shape.label,
+        run=run,
+        started_at=started_at,
+        cache_salt=salt,
+        prompt_tokens_requested=shape.prompt_tokens,
+        output_tokens_requested=shape.output_tokens,
+        prompt_tokens=usage.prompt_tokens if usage else None,
+        completion_tokens=usage.completion_tokens if usage else None,
+        cached_tokens=usage.cached_tokens if usage else None,
+        token_events=outcome.token_events,
+        finish_reasons=outcome.finish_reasons,
+        http_status=outcome.http_status,
+        valid=valid,
+        invalid_reason=reason,
+        metrics=diff_metrics(before, after),
+        **measure(outcome),
+    )
+
+
+def run_benchmark(
+    client: Streamer,
+    prompts: PromptFactory,
+    model: str,
+    shapes: Sequence[Shape],
+    *,
+    runs: int,
+    style: PromptStyle = "prose",
+    on_run: Callable[[RunRecord], None] | None = None,
+) -> RunSection:
+    """Every shape `runs` times, in order; one failing request never stops the others."""
+    if runs < 1:
+        raise BadInput(f"--runs must be at least 1, got {runs}")
+    results: list[ShapeResult] = []
+    for index, shape in enumerate(shapes):
+        prompt = prompts.exact(shape.prompt_tokens, style, seed=index)
+        records: list[RunRecord] = []
+        for run in range(1, runs + 1):
+            record = run_one(client, model, prompt, shape, run)
+            records.append(record)
+            if on_run is not None:
+                on_run(record)
+        results.append(
+            ShapeResult(
+                shape=shape.label,
+                prompt_tokens=shape.prompt_tokens,
+                output_tokens=shape.output_tokens,
+                runs=records,
+                best=best_of(records),
+            )
+        )
+    return RunSection(style=style, runs_per_shape=runs, shapes=results)
+
+
+RUN_FAIL_UNDER = {
+    "decode": "best decode tok/s of every shape",
+    "prefill": "best prefill tok/s of every shape",
+}
+RUN_FAIL_OVER = {"ttft": "best TTFT of every shape, in seconds"}
+
+
+def run_gates(run: RunSection, under: dict[str, float], over: dict[str, float]) -> list[GateResult]:
+    """Each threshold checked against each shape's best; a shape without a valid run fails it."""
+    gates: list[GateResult] = []
+    if "decode" in under:
+        gates += minimum_gates(
+            "decode", under["decode"], [(s.shape, s.best.decode_tok_s) for s in run.shapes], "tok/s"
+        )
+    if "prefill" in under:
+        gates += minimum_gates(
+            "prefill", under["prefill"], [(s.shape, s.best.prefill_tok_s) for s in run.shapes], "tok/s"
+        )
+    if "ttft" in over:
+        values = [
+            (s.shape, s.best.ttft_ms / 1000.0 if s.best.ttft_ms is not None else None) for s in run.shapes
+        ]
+        gates += maximum_gates("ttft", over["ttft"], values, "s")
+    return gates

@@ -1,0 +1,53 @@
+"""`glm53 probe`: measure host->device bandwidth for the planner (needs an NVIDIA GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from glm53.cli.options import JsonOpt
+from glm53.output import Output
+
+
+def probe(
+    block_bytes: Annotated[
+        int, typer.Option("--block-bytes", min=1, help="Bytes per copy (one expert).")
+    ] = 9_474_060,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Copies timed per memory kind.")] = 50,
+    device: Annotated[int, typer.Option("--device", min=0, help="CUDA device index.")] = 0,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON report here.")] = None,
+    json_mode: JsonOpt = False,
+) -> None:
+    """Host->device bandwidth from pinned, pageable and mapped (UVA) memory at expert-sized blocks.
+
+    glm53 probe --json > probe.json && glm53 plan --bandwidth probe.json
+    """
+    from rich.table import Table
+
+    from glm53.fsutil import atomic_write_json
+    from glm53.probe import timed_probe
+
+    output = Output(json_mode=json_mode)
+    report, seconds = timed_probe(block_bytes, repeats, device)
+    if out is not None:
+        atomic_write_json(out, report.model_dump(mode="json"))
+        output.info(f"wrote {out}")
+
+    def render(console: object) -> None:
+        table = Table(title=f"host->device, {block_bytes:,}-B blocks, {report.device}", title_justify="left")
+        for column in ("memory", "GB/s", "ms per block"):
+            table.add_column(column, justify="right")
+        for result in report.results:
+            table.add_row(
+                result.kind, f"{result.bytes_per_s / 1e9:.2f}", f"{result.seconds / result.repeats * 1e3:.3f}"
+            )
+        console.print(table)  # type: ignore[attr-defined]
+        console.print(f"torch {report.torch}, CUDA {report.cuda}; {seconds:.1f} s")  # type: ignore[attr-defined]
+
+    output.result(report, render)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("probe")(probe)

@@ -1,0 +1,222 @@
+"""`plan simulate`: four expert-cache policies replayed over the held-out part of a routing trace.
+
+    (a) uniform LRU      the same slots per layer, all LRU
+    (b) recipe           the same slots per layer, the hottest 20% of them pinned, the rest LRU
+    (c) planned          slots split across layers by DP, each layer's pinned/LRU split learned
+    (d) Belady MIN       the optimum for (c)'s slots per layer: no policy with that allocation hits more
+
+Rankings and curves are learned on the first part of the trace only; every policy is scored on the rest, each
+layer's cache starting empty (pinned experts loaded up front).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict
+
+from glm53.errors import BadInput
+from glm53.plan.allocation import uniform_split
+from glm53.plan.cache_plan import learn_from_trace, split_from_curves
+from glm53.plan.cost_model import CostModel
+from glm53.plan.parallel import cpu_seconds, default_workers, layer_map
+from glm53.plan.simulate import belady_hits, pinned_lru_hits
+from glm53.plan.traces import RoutingTrace
+
+RECIPE_PINNED_FRACTION = 0.2
+POLICIES = {
+    "a": "uniform LRU",
+    "b": "recipe: 20% pinned",
+    "c": "planned",
+    "d": "Belady MIN",
+}
+
+Progress = Callable[[str, int, int], None]
+
+
+class PolicyResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    policy: str
+    label: str
+    hits: int
+    accesses: int
+    hit_rate: float
+    tokens_per_s: float | None = None
+    pcie_bytes_per_token: float | None = None
+
+
+class BudgetResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    fraction: float
+    slots: int
+    slots_per_layer_planned: list[int]
+    pinned_per_layer_planned: list[int]
+    results: list[PolicyResult]
+    seconds: float
+
+    def result(self, policy: str) -> PolicyResult:
+        return next(r for r in self.results if r.policy == policy)
+
+    @property
+    def planned_gain_over_recipe(self) -> float:
+        return self.result("c").hit_rate - self.result("b").hit_rate
+
+    @property
+    def planned_gap_to_min(self) -> float:
+        return self.result("d").hit_rate - self.result("c").hit_rate
+
+
+class ComparisonReport(BaseModel):
+    format: str = "glm53-simulation"
+    version: int = 1
+    trace: str
+    layers: int
+    experts: int
+    top_k: int
+    steps: int
+    learned_steps: int
+    scored_steps: int
+    learn_seconds: float
+    total_seconds: float
+    cpu_seconds: float  # CPU time of this process and its workers: the wall time of one idle core
+    workers: int = 1
+    budgets: list[BudgetResult]
+    cost_model: CostModel | None = None
+
+
+def _noop(stage: str, done: int, total: int) -> None:
+    return None
+
+
+_ScoreTask = tuple[NDArray[np.int16], int, NDArray[np.int64], list[tuple[int, int]], list[int]]
+
+
+def _score_layer(task: _ScoreTask) -> tuple[list[int], list[int], float, list[float]]:
+    """One layer: LRU-type hits for every split in one pass, then MIN at each capacity (with timings)."""
+    routes, experts, ranking, splits, capacities = task
+    started = time.process_time()
+    lru = pinned_lru_hits(routes, experts, ranking, splits)
+    lru_seconds = time.process_time() - started
+    optimum, seconds = [], []
+    for capacity in capacities:
+        started = time.process_time()
+        optimum.append(belady_hits(routes, capacity, experts))
+        seconds.append(time.process_time() - started)
+    return lru, optimum, lru_seconds, seconds
+
+
+def compare_policies(
+    trace: RoutingTrace,
+    fractions: Sequence[float] = (0.08, 0.17, 0.33),
+    *,
+    learn_fraction: float = 0.2,
+    cost: CostModel | None = None,
+    min_slots: int | None = None,
+    source: str = "",
+    progress: Progress = _noop,
+    workers: int | None = None,
+) -> ComparisonReport:
+    """Learn on the first `learn_fraction`, then score the four policies on the rest at each budget.
+
+    Layers are independent, so with `workers` > 1 (default: every allowed CPU for a large trace) they are
+    spread over that many processes.
+    """
+    started = time.perf_counter()
+    cpu_started = cpu_seconds()
+    layers, experts = len(trace.layers), trace.experts
+    minimum = trace.top_k if min_slots is None else min_slots
+    workers = default_workers(trace.steps * layers) if workers is None else workers
+    budgets: list[int] = []
+    for fraction in fractions:
+        if not 0.0 < fraction <= 1.0:
+            raise BadInput(f"budget {fraction} must be a fraction of all experts in (0, 1]")
+        slots = round(fraction * layers * experts)
+        if slots < minimum * layers:
+            raise BadInput(
+                f"a budget of {fraction:.1%} ({slots} slots) leaves fewer than {minimum} slots per layer",
+                hint=f"use at least {minimum * layers / (layers * experts):.1%}",
+            )
+        budgets.append(slots)
+    learn, score = trace.split(learn_fraction)
+    progress("learning", 0, layers)
+    rankings, curves = learn_from_trace(learn, workers=workers)
+    progress("learning", layers, layers)
+    learn_seconds = time.perf_counter() - started
+    uniform = [uniform_split(b, layers, experts) for b in budgets]
+    planned = [split_from_curves(curves, b, min_slots=minimum) for b in budgets]
+    tasks: list[_ScoreTask] = []
+    for index in range(layers):
+        splits: list[tuple[int, int]] = []
+        for i in range(len(budgets)):
+            slots = uniform[i][index]
+            pinned = round(RECIPE_PINNED_FRACTION * slots)
+            splits += [(0, slots), (pinned, slots - pinned), planned[i][index]]
+        capacities = [sum(planned[i][index]) for i in range(len(budgets))]
+        tasks.append((score.routes[:, index, :], experts, rankings[index], splits, capacities))
+    scored = layer_map(_score_layer, tasks, workers, lambda done: progress("simulating", done, layers))
+    accesses = score.steps * score.top_k
+    totals = {(i, p): 0 for i in range(len(budgets)) for p in "abcd"}
+    budget_seconds = [0.0] * len(budgets)
+    for lru, optimum, lru_seconds, seconds in scored:
+        for i in range(len(budgets)):
+            totals[(i, "a")] += lru[3 * i]
+            totals[(i, "b")] += lru[3 * i + 1]
+            totals[(i, "c")] += lru[3 * i + 2]
+            totals[(i, "d")] += optimum[i]
+            budget_seconds[i] += lru_seconds / len(budgets) + seconds[i]
+    results: list[BudgetResult] = []
+    for i, (fraction, slots) in enumerate(zip(fractions, budgets, strict=True)):
+        rows = []
+        for policy, label in POLICIES.items():
+            rate = totals[(i, policy)] / (accesses * layers)
+            rows.append(
+                PolicyResult(
+                    policy=policy,
+                    label=label,
+                    hits=totals[(i, policy)],
+                    accesses=accesses * layers,
+                    hit_rate=rate,
+                    tokens_per_s=cost.tokens_per_s(rate) if cost else None,
+                    pcie_bytes_per_token=cost.pcie_bytes_per_token(rate) if cost else None,
+                )
+            )
+        results.append(
+            BudgetResult(
+                fraction=fraction,
+                slots=slots,
+                slots_per_layer_planned=[p + w for p, w in planned[i]],
+                pinned_per_layer_planned=[p for p, _ in planned[i]],
+                results=rows,
+                seconds=budget_seconds[i],
+            )
+        )
+    return ComparisonReport(
+        trace=source,
+        layers=layers,
+        experts=experts,
+        top_k=trace.top_k,
+        steps=trace.steps,
+        learned_steps=learn.steps,
+        scored_steps=score.steps,
+        learn_seconds=learn_seconds,
+        total_seconds=time.perf_counter() - started,
+        cpu_seconds=cpu_seconds() - cpu_started,
+        workers=workers,
+        budgets=results,
+        cost_model=cost,
+    )
+
+
+__all__ = [
+    "POLICIES",
+    "RECIPE_PINNED_FRACTION",
+    "BudgetResult",
+    "ComparisonReport",
+    "PolicyResult",
+    "compare_policies",
+]

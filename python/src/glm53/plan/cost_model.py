@@ -1,0 +1,157 @@
+"""Predicted decode speed: GPU time per token plus the routed experts that miss the GPU cache, moved over
+PCIe.
+
+    seconds per token = gpu_seconds
+                        + (1 - hit rate) x top_k x MoE layers x expert bytes per GPU / host->device bytes/s
+
+The GPU part reads, once per token, the weights each GPU holds outside the expert cache, the active experts
+and the KV entries sparse attention touches, at the GPU's memory bandwidth, plus the per-step all-reduce cost
+of tensor parallelism without peer-to-peer (about 2.5 ms on two GeForce cards). Copies and compute are not
+assumed to overlap, so the prediction errs low. The bandwidth is measured (`glm53 probe`, `--bandwidth FILE`)
+or an assumption that says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from glm53.errors import BadInput
+from glm53.fsutil import read_json
+from glm53.plan.checkpoint_facts import ModelFacts
+from glm53.plan.kv_budget import KvDerivation
+
+PROBE_FORMAT = "glm53-probe"
+# A PCIe 4.0 x16 link moves about 24-26 GB/s host->device from pinned memory in practice (31.5 GB/s raw).
+ASSUMED_HOST_TO_DEVICE = 24.0e9
+# RTX 3090 memory bandwidth (GDDR6X, 384-bit at 19.5 Gb/s).
+ASSUMED_GPU_MEMORY_BANDWIDTH = 936.2e9
+TP_ALLREDUCE_SECONDS = 2.5e-3  # per decode step with custom all-reduce off (no P2P on GeForce)
+
+MemoryKind = Literal["pinned", "pageable", "mapped"]
+
+
+class Bandwidth(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    bytes_per_s: float
+    source: str
+
+
+class ProbeResult(BaseModel):
+    kind: MemoryKind
+    block_bytes: int
+    bytes_per_s: float
+    seconds: float
+    repeats: int
+
+
+class ProbeReport(BaseModel):
+    format: str = PROBE_FORMAT
+    version: int = 1
+    device: str
+    torch: str
+    cuda: str | None = None
+    results: list[ProbeResult]
+
+
+def assumed_bandwidth() -> Bandwidth:
+    return Bandwidth(
+        bytes_per_s=ASSUMED_HOST_TO_DEVICE,
+        source="assumed: 24 GB/s, a PCIe 4.0 x16 pinned copy; measure with `glm53 probe`",
+    )
+
+
+def read_probe_bandwidth(path: Path, kind: MemoryKind = "pinned") -> Bandwidth:
+    """The host->device rate of one memory kind from a `glm53 probe --json` file."""
+    raw = read_json(path, what="probe report")
+    try:
+        report = ProbeReport.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BadInput(
+            f"probe report {path}: field {'.'.join(map(str, first['loc']))}: {first['msg']}",
+            hint="write it with `glm53 probe --json > FILE`",
+        ) from exc
+    if report.format != PROBE_FORMAT:
+        raise BadInput(f"probe report {path}: format {report.format!r} is not {PROBE_FORMAT!r}")
+    rates = [r for r in report.results if r.kind == kind]
+    if not rates:
+        raise BadInput(
+            f"probe report {path} has no {kind} measurement",
+            hint=f"it has: {', '.join(sorted({r.kind for r in report.results})) or 'none'}",
+        )
+    best = max(rates, key=lambda r: r.block_bytes)
+    return Bandwidth(
+        bytes_per_s=best.bytes_per_s,
+        source=f"measured: {path} ({kind}, {best.block_bytes:,}-B blocks on {report.device})",
+    )
+
+
+class CostModel(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    expert_bytes_per_gpu: int
+    expert_lookups_per_token: int  # top_k x MoE layers
+    host_to_device: Bandwidth
+    gpu_seconds_per_token: float
+    gpu_note: str
+
+    def seconds_per_token(self, hit_rate: float) -> float:
+        moved = (1.0 - hit_rate) * self.expert_lookups_per_token * self.expert_bytes_per_gpu
+        return self.gpu_seconds_per_token + moved / self.host_to_device.bytes_per_s
+
+    def tokens_per_s(self, hit_rate: float) -> float:
+        return 1.0 / self.seconds_per_token(hit_rate)
+
+    def pcie_bytes_per_token(self, hit_rate: float) -> float:
+        return (1.0 - hit_rate) * self.expert_lookups_per_token * self.expert_bytes_per_gpu
+
+
+def build_cost_model(
+    model: ModelFacts,
+    kv: KvDerivation,
+    *,
+    tensor_parallel_size: int,
+    bandwidth: Bandwidth | None = None,
+    context_tokens: int = 8192,
+    gpu_memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH,
+    index_topk: int = 2048,
+) -> CostModel:
+    tp = tensor_parallel_size
+    lookups = model.num_experts_per_tok * len(model.moe_layers)
+    expert = model.expert_bytes_per_rank(tp)
+    weights = model.non_expert_bytes_per_rank(tp) + lookups * expert
+    # Sparse attention reads every indexer key of the context and the latents of the top index_topk tokens.
+    kv_read = kv.dsa_layers * (
+        context_tokens * kv.indexer_key_bytes_per_layer
+        + min(context_tokens, index_topk) * kv.latent_bytes_per_layer
+    )
+    allreduce = TP_ALLREDUCE_SECONDS if tp > 1 else 0.0
+    gpu_seconds = (weights + kv_read) / gpu_memory_bandwidth + allreduce
+    note = (
+        f"{weights + kv_read:,} B read per token per GPU at {gpu_memory_bandwidth / 1e9:.1f} GB/s"
+        f" (context {context_tokens:,})" + (f" + {allreduce * 1e3:.1f} ms all-reduce" if allreduce else "")
+    )
+    return CostModel(
+        expert_bytes_per_gpu=expert,
+        expert_lookups_per_token=lookups,
+        host_to_device=bandwidth or assumed_bandwidth(),
+        gpu_seconds_per_token=gpu_seconds,
+        gpu_note=note,
+    )
+
+
+__all__ = [
+    "ASSUMED_HOST_TO_DEVICE",
+    "PROBE_FORMAT",
+    "Bandwidth",
+    "CostModel",
+    "ProbeReport",
+    "ProbeResult",
+    "assumed_bandwidth",
+    "build_cost_model",
+    "read_probe_bandwidth",
+]

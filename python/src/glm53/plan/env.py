@@ -1,0 +1,120 @@
+"""The plan as the environment the serving entrypoint exports (KEY=VALUE lines), and the rankings file.
+
+Formats (docs/plan.md has the full text):
+    CPU_OFFLOAD_GB          integer GiB per GPU of routed-expert weights kept in host memory (vLLM's flag)
+    KV_CACHE_MEMORY_BYTES   integer bytes of KV cache per GPU
+    EXL3_LRU_CAPACITY_PLAN  comma-separated LAYER:SLOTS:PINNED, one per MoE layer, e.g. 3:74:18,4:80:22,...
+                            (GPU expert slots of the layer, the first PINNED of them hold its hottest experts)
+    EXL3_PINNED_FRAC        the pinned share of all slots, 4 decimals (for engines reading one fraction)
+    EXL3_VMM_HOT_RANKINGS   path of {"<layer>": [expert ids, hottest first]} (only with routing statistics)
+    HYBRID_MAIN_CPUS        CPU list of the serving process (kernel list format, 0-33,40-41)
+    EXL3_HYBRID_CPU         CPU expert-pool threads, one CPU list per tensor-parallel rank, ';' between ranks
+    EXL3_HYBRID_LAYERS      MoE layers that may run missed experts on the CPU pool (list format, 3-44)
+    OMP_NUM_THREADS         pool threads per rank
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from glm53.errors import BadInput
+from glm53.fsutil import atomic_write_json
+from glm53.host.topology import format_cpu_list
+from glm53.plan.planner import GpuSpec, Plan
+
+RANKINGS_FILENAME = "hot-rankings.json"
+
+
+def capacity_plan_text(plan: Plan) -> str:
+    return ",".join(f"{layer.layer}:{layer.slots}:{layer.pinned}" for layer in plan.cache.layers)
+
+
+def parse_capacity_plan(text: str) -> dict[int, tuple[int, int]]:
+    """EXL3_LRU_CAPACITY_PLAN back into {layer: (slots, pinned)}; LAYER:SLOTS means nothing pinned."""
+    out: dict[int, tuple[int, int]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        fields = item.split(":")
+        if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields):
+            raise BadInput(f"EXL3_LRU_CAPACITY_PLAN: {item!r} is not LAYER:SLOTS or LAYER:SLOTS:PINNED")
+        layer, slots = int(fields[0]), int(fields[1])
+        pinned = int(fields[2]) if len(fields) == 3 else 0
+        if pinned > slots:
+            raise BadInput(f"EXL3_LRU_CAPACITY_PLAN: layer {layer} pins {pinned} of only {slots} slots")
+        if layer in out:
+            raise BadInput(f"EXL3_LRU_CAPACITY_PLAN: layer {layer} appears twice")
+        out[layer] = (slots, pinned)
+    return out
+
+
+def plan_env(plan: Plan, rankings_path: Path | None = None) -> dict[str, str]:
+    """The KEY -> value mapping the entrypoint exports, in a stable order."""
+    env = {
+        "CPU_OFFLOAD_GB": str(plan.host.cpu_offload_gb),
+        "KV_CACHE_MEMORY_BYTES": str(plan.kv.kv_cache_memory_bytes),
+        "EXL3_LRU_CAPACITY_PLAN": capacity_plan_text(plan),
+        "EXL3_PINNED_FRAC": f"{plan.cache.pinned_fraction:.4f}",
+    }
+    if rankings_path is not None:
+        env["EXL3_VMM_HOT_RANKINGS"] = str(rankings_path)
+    env["HYBRID_MAIN_CPUS"] = plan.cpu_sets.main_text
+    env["EXL3_HYBRID_CPU"] = plan.cpu_sets.pools_text
+    env["EXL3_HYBRID_LAYERS"] = format_cpu_list(plan.moe_layers)
+    env["OMP_NUM_THREADS"] = str(plan.cpu_sets.threads_per_rank)
+    return env
+
+
+def env_lines(env: Mapping[str, str]) -> str:
+    """KEY=VALUE lines, values quoted for the shell where needed (';' in CPU lists)."""
+    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in env.items())
+
+
+def write_rankings(plan: Plan, directory: Path) -> Path | None:
+    """Write the rankings file into `directory`; None when the plan has no rankings (no statistics)."""
+    if plan.cache.rankings is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RANKINGS_FILENAME
+    atomic_write_json(path, plan.cache.rankings)
+    return path.resolve()
+
+
+def main_cpus(plan: Plan) -> tuple[int, ...]:
+    """The CPU affinity set for the serving process (what HYBRID_MAIN_CPUS names)."""
+    return plan.cpu_sets.main_cpus
+
+
+def plan_serving_env(
+    profile: object,
+    *,
+    model_dir: Path | None = None,
+    stats_path: Path | None = None,
+    out_dir: Path | None = None,
+    gpus: list[GpuSpec] | None = None,
+    root: Path = Path("/"),
+) -> tuple[dict[str, str], tuple[int, ...]]:
+    """For the serving entrypoint: plan the profile on this host; (env to export, CPU affinity of the server).
+
+    `profile` is a glm53.profiles.Profile (read through its `value(KEY)`); GPUs come from NVML unless given;
+    the rankings file, when routing statistics are given, goes to `out_dir`.
+    """
+    from glm53.plan.planner import plan_for_host, shape_from_profile
+
+    plan = plan_for_host(
+        shape_from_profile(profile), model_dir=model_dir, stats_path=stats_path, gpus=gpus, root=root
+    )
+    rankings = write_rankings(plan, out_dir) if out_dir is not None else None
+    return plan_env(plan, rankings), main_cpus(plan)
+
+
+__all__ = [
+    "RANKINGS_FILENAME",
+    "capacity_plan_text",
+    "env_lines",
+    "main_cpus",
+    "parse_capacity_plan",
+    "plan_env",
+    "plan_serving_env",
+    "write_rankings",
+]

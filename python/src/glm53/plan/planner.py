@@ -1,0 +1,479 @@
+"""The planner: model facts + host facts + GPUs + serving shape (+ routing statistics, bandwidth) -> a Plan.
+
+Pure: every input is a typed model read elsewhere; `plan_for_host` is the one helper that reads them all from
+this machine (and the files named) for callers such as the serving entrypoint.
+
+GPU side, per tensor-parallel rank (every rank caches the same experts, each its own shard of them):
+    budget     = gpu_memory_utilization x total memory
+    weights    = the non-expert weights this rank holds
+    KV         = KV_CACHE_MEMORY_BYTES (given, or derived for max_model_len x max_num_seqs)
+    workspace  = CUDA context + NCCL + graphs + activations for max_num_batched_tokens
+    headroom   = a fixed guard against fragmentation
+    expert slots = what is left, in whole slots of one expert's shard
+Host side: every rank keeps its shard of every routed expert in pinned memory (UVA), so the pinned pool is the
+whole routed-expert set; the rest of the budget is the serving overhead and page cache.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from glm53.errors import BadInput, CheckFailed
+from glm53.host.memory import HostMemory
+from glm53.host.topology import HostTopology
+from glm53.plan.cache_plan import CachePlan, plan_cache
+from glm53.plan.checkpoint_facts import ModelFacts
+from glm53.plan.cost_model import ASSUMED_GPU_MEMORY_BANDWIDTH, Bandwidth, CostModel, build_cost_model
+from glm53.plan.cpu_pools import CpuSets, plan_cpu_sets
+from glm53.plan.kv_budget import KvComparison, KvDerivation, compare_with_reported, derive_kv
+from glm53.plan.traces import RoutingCounts, RoutingTrace
+
+GIB = 1 << 30
+MIB = 1 << 20
+PLAN_FORMAT = "glm53-plan"
+PLAN_VERSION = 1
+
+
+class Infeasible(CheckFailed):
+    """The request cannot be planned on this host; names the binding constraint and the smallest fix."""
+
+    def __init__(self, message: str, *, constraint: str, fix: str) -> None:
+        super().__init__(f"infeasible: {message}", hint=fix)
+        self.constraint = constraint
+
+
+class GpuSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    name: str = "GPU"
+    total_bytes: int = Field(gt=0)
+    used_bytes: int = 0
+    memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH
+
+
+class ServingShape(BaseModel):
+    """The profile values the planner reads (recipe key names in the comments); defaults are the recipe's."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tensor_parallel_size: int = Field(default=2, ge=1)  # TENSOR_PARALLEL_SIZE
+    max_model_len: int = Field(default=262_144, gt=0)  # MAX_MODEL_LEN
+    max_num_seqs: int = Field(default=1, ge=1)  # MAX_NUM_SEQS
+    max_num_batched_tokens: int = Field(default=8192, gt=0)  # MAX_NUM_BATCHED_TOKENS
+    gpu_memory_utilization: float = Field(default=0.94, gt=0.0, le=1.0)  # GPU_MEMORY_UTILIZATION
+    kv_cache_memory_bytes: int | None = Field(
+        default=3_328_599_040, gt=0
+    )  # KV_CACHE_MEMORY_BYTES; None = derive
+    gpu_workspace_bytes: int | None = Field(default=None, ge=0)  # None = estimate
+    gpu_headroom_bytes: int = Field(default=512 * MIB, ge=0)
+    host_reserve_bytes: int = Field(default=8 * GIB, ge=0)
+    serving_overhead_bytes: int = Field(default=10 * GIB, ge=0)
+    pool_threads: int | None = Field(default=None, ge=0)  # cap on CPU pool threads over all ranks
+    decode_context_tokens: int = Field(default=8192, gt=0)  # context at which decode speed is predicted
+
+
+class HostFacts(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    memory: HostMemory
+    topology: HostTopology
+
+
+class GpuLedger(BaseModel):
+    index: int
+    name: str
+    total_bytes: int
+    budget_bytes: int
+    weights_bytes: int
+    kv_bytes: int
+    workspace_bytes: int
+    headroom_bytes: int
+    expert_slots: int
+    expert_slot_bytes: int
+    expert_cache_bytes: int
+    unused_bytes: int
+
+
+class HostLedger(BaseModel):
+    mem_total_bytes: int
+    budget_bytes: int
+    budget_source: str
+    pinned_pool_bytes: int
+    serving_overhead_bytes: int
+    page_cache_bytes: int
+    outside_budget_bytes: int
+    cpu_offload_gb: int
+
+
+class KvPlan(BaseModel):
+    derivation: KvDerivation
+    kv_cache_memory_bytes: int
+    kv_source: str
+    tokens: int
+    recipe_comparison: KvComparison
+
+
+class Plan(BaseModel):
+    format: str = PLAN_FORMAT
+    version: int = PLAN_VERSION
+    model: str
+    model_source: str
+    shape: ServingShape
+    kv: KvPlan
+    gpus: list[GpuLedger]
+    host: HostLedger
+    cpu_sets: CpuSets
+    cache: CachePlan
+    cost: CostModel
+    predicted_tokens_per_s: float | None
+    moe_layers: list[int]
+    warnings: list[str]
+    rankings_file: str | None = None
+
+
+def workspace_estimate(model: ModelFacts, shape: ServingShape) -> int:
+    """CUDA context, cuBLAS and NCCL buffers (0.5 GiB), decode CUDA graphs (0.25 GiB) and the activations of
+    one batch of max_num_batched_tokens: 8 hidden-sized bf16 buffers per token plus its top_k experts' gate/up
+    outputs split over the ranks."""
+    per_token = 8 * model.hidden_size * 2 + (
+        model.num_experts_per_tok * model.moe_intermediate_size * 2 * 2 // shape.tensor_parallel_size
+    )
+    return GIB // 2 + GIB // 4 + shape.max_num_batched_tokens * per_token
+
+
+def host_budget(memory: HostMemory, reserve: int) -> tuple[int, str]:
+    """The cgroup limit when it is below MemTotal, else MemTotal rounded up to 8 GiB minus the reserve."""
+    total = memory.mem_total_bytes
+    if memory.cgroup_limit_bytes is not None and memory.cgroup_limit_bytes < total:
+        return (
+            memory.cgroup_limit_bytes,
+            f"cgroup v{memory.cgroup_version} limit ({memory.cgroup_limit_source})",
+        )
+    rounded = -(-total // (8 * GIB)) * 8 * GIB
+    budget = min(total, rounded - reserve)
+    return (
+        budget,
+        f"MemTotal {total / GIB:.1f} GiB rounded up to {rounded // GIB} GiB minus {reserve / GIB:g} GiB",
+    )
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def _host_memory_fix(memory: HostMemory, needed: int, reserve: int) -> str:
+    """The smallest change: a higher cgroup limit when RAM would do, else the installed RAM needed."""
+    # Installed RAM is a multiple of 8 GiB; the budget is that minus the reserve.
+    ram = -(-(needed + reserve) // (8 * GIB)) * 8 * GIB
+    without_cgroup, _ = host_budget(memory.model_copy(update={"cgroup_limit_bytes": None}), reserve)
+    limited = memory.cgroup_limit_bytes is not None and memory.cgroup_limit_bytes < memory.mem_total_bytes
+    if limited and without_cgroup >= needed:
+        return (
+            f"raise the cgroup memory limit to at least {_gib(needed)} (systemd MemoryMax=, docker --memory)"
+        )
+    if limited:
+        return f"needs {_gib(needed)} of budget: {ram // GIB} GiB of RAM and a cgroup limit of at least that"
+    return f"needs {_gib(needed)} of budget: {ram // GIB} GiB of RAM ({_gib(reserve)} stays with the system)"
+
+
+def build_plan(
+    model: ModelFacts,
+    host: HostFacts,
+    gpus: list[GpuSpec],
+    shape: ServingShape,
+    *,
+    stats: RoutingTrace | RoutingCounts | None = None,
+    stats_source: str = "",
+    bandwidth: Bandwidth | None = None,
+    learn_fraction: float = 0.8,
+) -> Plan:
+    tp = shape.tensor_parallel_size
+    warnings: list[str] = []
+    if len(gpus) < tp:
+        raise Infeasible(
+            f"tensor parallelism {tp} needs {tp} GPUs, {len(gpus)} given",
+            constraint="gpus",
+            fix=f"set TENSOR_PARALLEL_SIZE={len(gpus)} or add GPUs" if gpus else "give --gpu-memory",
+        )
+    used_gpus = gpus[:tp]
+    if shape.max_model_len > model.max_position_embeddings:
+        raise BadInput(
+            f"MAX_MODEL_LEN {shape.max_model_len:,} exceeds the model's "
+            f"{model.max_position_embeddings:,} positions",
+            hint=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
+        )
+    derivation = derive_kv(model, tp)
+    if shape.kv_cache_memory_bytes is not None:
+        kv_bytes, kv_source = shape.kv_cache_memory_bytes, "given"
+    else:
+        kv_bytes = derivation.bytes_for(shape.max_model_len, shape.max_num_seqs)
+        kv_source = f"derived for {shape.max_model_len:,} tokens x {shape.max_num_seqs} sequence(s)"
+    kv_tokens = derivation.tokens_for(kv_bytes, shape.max_num_seqs)
+    if kv_tokens < shape.max_model_len:
+        warnings.append(
+            f"by the derivation, {kv_bytes:,} B of KV hold {kv_tokens:,} tokens, "
+            f"{shape.max_model_len - kv_tokens:,} short of MAX_MODEL_LEN {shape.max_model_len:,}; "
+            "vLLM checks this at start (the recipe's vLLM reported 264,160 tokens for 3,328,599,040 B: "
+            "see the KV derivation)"
+        )
+
+    slot_bytes = model.expert_bytes_per_rank(tp)
+    weights = model.non_expert_bytes_per_rank(tp)
+    workspace = (
+        shape.gpu_workspace_bytes
+        if shape.gpu_workspace_bytes is not None
+        else workspace_estimate(model, shape)
+    )
+    layers = model.moe_layers
+    min_slots = model.num_experts_per_tok * len(layers)
+    max_slots = model.n_routed_experts * len(layers)
+    free_per_gpu: list[int] = []
+    for gpu in used_gpus:
+        budget = int(gpu.total_bytes * shape.gpu_memory_utilization)
+        if gpu.used_bytes > gpu.total_bytes - budget:
+            raise Infeasible(
+                f"GPU {gpu.index} already has {_gib(gpu.used_bytes)} in use; GPU_MEMORY_UTILIZATION "
+                f"{shape.gpu_memory_utilization} leaves only {_gib(gpu.total_bytes - budget)} for others",
+                constraint=f"gpu{gpu.index} memory in use",
+                fix=f"stop what uses GPU {gpu.index}, or set GPU_MEMORY_UTILIZATION="
+                f"{math.floor((gpu.total_bytes - gpu.used_bytes) / gpu.total_bytes * 100) / 100}",
+            )
+        free_per_gpu.append(budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes)
+    tightest = min(range(len(used_gpus)), key=lambda i: free_per_gpu[i])
+    free = free_per_gpu[tightest]
+    gpu = used_gpus[tightest]
+    fixed = weights + workspace + shape.gpu_headroom_bytes + min_slots * slot_bytes
+    budget_tight = int(gpu.total_bytes * shape.gpu_memory_utilization)
+    if fixed > budget_tight:
+        needed = fixed + kv_bytes
+        raise Infeasible(
+            f"GPU {gpu.index}: weights {_gib(weights)} + workspace {_gib(workspace)} + headroom "
+            f"{_gib(shape.gpu_headroom_bytes)} + the minimum expert cache "
+            f"({model.num_experts_per_tok} slots x "
+            f"{len(layers)} layers = {_gib(min_slots * slot_bytes)}) exceed its budget {_gib(budget_tight)}",
+            constraint=f"gpu{gpu.index} memory",
+            fix=f"more tensor parallelism (TENSOR_PARALLEL_SIZE={tp * 2}) or GPUs with at least "
+            f"{_gib(needed / shape.gpu_memory_utilization)} each",
+        )
+    slots = free // slot_bytes
+    if slots < min_slots:
+        kv_fit = budget_tight - fixed
+        tokens_fit = derivation.tokens_for(kv_fit, shape.max_num_seqs)
+        raise Infeasible(
+            f"GPU {gpu.index}: after weights, {_gib(kv_bytes)} of KV and workspace, room is left for "
+            f"{max(0, slots)} "
+            f"expert slots; every MoE layer needs {model.num_experts_per_tok} ({min_slots} in all)",
+            constraint=f"gpu{gpu.index} memory (KV cache)",
+            fix=f"the largest context that fits is {tokens_fit:,} tokens: set MAX_MODEL_LEN={tokens_fit} and "
+            f"KV_CACHE_MEMORY_BYTES={kv_fit}, or raise GPU_MEMORY_UTILIZATION",
+        )
+    slots = min(slots, max_slots)
+
+    memory = host.memory
+    host_budget_bytes, budget_source = host_budget(memory, shape.host_reserve_bytes)
+    pinned_pool = tp * slot_bytes * model.total_experts
+    needed_host = pinned_pool + shape.serving_overhead_bytes
+    if needed_host > host_budget_bytes:
+        raise Infeasible(
+            f"host memory: the pinned expert pool {_gib(pinned_pool)} ({tp} ranks x {model.total_experts:,} "
+            f"experts x {slot_bytes:,} B) + serving overhead {_gib(shape.serving_overhead_bytes)} exceed "
+            f"the budget {_gib(host_budget_bytes)} ({budget_source})",
+            constraint="host memory",
+            fix=_host_memory_fix(memory, needed_host, shape.host_reserve_bytes),
+        )
+    host_ledger = HostLedger(
+        mem_total_bytes=memory.mem_total_bytes,
+        budget_bytes=host_budget_bytes,
+        budget_source=budget_source,
+        pinned_pool_bytes=pinned_pool,
+        serving_overhead_bytes=shape.serving_overhead_bytes,
+        page_cache_bytes=host_budget_bytes - needed_host,
+        outside_budget_bytes=memory.mem_total_bytes - host_budget_bytes,
+        cpu_offload_gb=math.ceil(slot_bytes * model.total_experts / GIB),
+    )
+
+    cache = plan_cache(
+        stats,
+        layers,
+        model.n_routed_experts,
+        slots,
+        min_slots=model.num_experts_per_tok,
+        learn_fraction=learn_fraction,
+        source=stats_source,
+    )
+    ledgers = []
+    for gpu_spec in used_gpus:
+        budget = int(gpu_spec.total_bytes * shape.gpu_memory_utilization)
+        cache_bytes = cache.total_slots * slot_bytes
+        ledgers.append(
+            GpuLedger(
+                index=gpu_spec.index,
+                name=gpu_spec.name,
+                total_bytes=gpu_spec.total_bytes,
+                budget_bytes=budget,
+                weights_bytes=weights,
+                kv_bytes=kv_bytes,
+                workspace_bytes=workspace,
+                headroom_bytes=shape.gpu_headroom_bytes,
+                expert_slots=cache.total_slots,
+                expert_slot_bytes=slot_bytes,
+                expert_cache_bytes=cache_bytes,
+                unused_bytes=budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes - cache_bytes,
+            )
+        )
+    cpu_sets = plan_cpu_sets(host.topology, tp, shape.pool_threads)
+    if not any(cpu_sets.pools):
+        warnings.append("no CPU pool threads: every core stays with serving (too few cores per L3 domain)")
+    cost = build_cost_model(
+        model,
+        derivation,
+        tensor_parallel_size=tp,
+        bandwidth=bandwidth,
+        context_tokens=shape.decode_context_tokens,
+        gpu_memory_bandwidth=min(g.memory_bandwidth for g in used_gpus),
+    )
+    if memory.mem_available_bytes is not None and memory.mem_available_bytes < needed_host:
+        warnings.append(
+            f"MemAvailable is {_gib(memory.mem_available_bytes)} now; the plan pins "
+            f"{_gib(needed_host)}: stop other memory users before serving"
+        )
+    return Plan(
+        model=model.name,
+        model_source=model.source,
+        shape=shape,
+        kv=KvPlan(
+            derivation=derivation,
+            kv_cache_memory_bytes=kv_bytes,
+            kv_source=kv_source,
+            tokens=kv_tokens,
+            recipe_comparison=compare_with_reported(derivation),
+        ),
+        gpus=ledgers,
+        host=host_ledger,
+        cpu_sets=cpu_sets,
+        cache=cache,
+        cost=cost,
+        predicted_tokens_per_s=(
+            cost.tokens_per_s(cache.expected_hit_rate) if cache.expected_hit_rate is not None else None
+        ),
+        moe_layers=list(layers),
+        warnings=warnings,
+    )
+
+
+def read_host_facts(root: Path = Path("/")) -> HostFacts:
+    from glm53.host.memory import read_host_memory
+    from glm53.host.topology import read_topology
+
+    return HostFacts(memory=read_host_memory(root), topology=read_topology(root))
+
+
+def detect_gpus(nvml: object | None = None) -> list[GpuSpec]:
+    """GPUs from NVML (glm53.host.gpus); [] when there is no driver or device, so callers ask for flags."""
+    from glm53.host.gpus import NoGpu, read_gpus
+
+    try:
+        found = read_gpus(nvml)
+    except NoGpu:
+        return []
+    return [
+        GpuSpec(
+            index=gpu.index,
+            name=gpu.name,
+            total_bytes=gpu.memory_total_bytes,
+            used_bytes=gpu.memory_used_bytes,
+        )
+        for gpu in found
+    ]
+
+
+def shape_from_profile(profile: object) -> ServingShape:
+    """A ServingShape from a glm53.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
+
+    Duck-typed on `value` so that the planner does not depend on the profile module.
+    """
+    value = profile.value  # type: ignore[attr-defined]
+    defaults = ServingShape()
+
+    def number(key: str, kind: type[int] | type[float], default: float | None) -> float | None:
+        raw = str(value(key) or "")
+        if raw == "":
+            return default
+        try:
+            return kind(raw)
+        except ValueError as exc:
+            raise BadInput(f"profile value {key}={raw!r} is not a {kind.__name__}") from exc
+
+    def integer(key: str, default: int | None) -> int | None:
+        result = number(key, int, default)
+        return None if result is None else int(result)
+
+    return ServingShape(
+        tensor_parallel_size=integer("TENSOR_PARALLEL_SIZE", defaults.tensor_parallel_size) or 1,
+        max_model_len=integer("MAX_MODEL_LEN", defaults.max_model_len) or defaults.max_model_len,
+        max_num_seqs=integer("MAX_NUM_SEQS", defaults.max_num_seqs) or 1,
+        max_num_batched_tokens=integer("MAX_NUM_BATCHED_TOKENS", defaults.max_num_batched_tokens)
+        or defaults.max_num_batched_tokens,
+        gpu_memory_utilization=number("GPU_MEMORY_UTILIZATION", float, defaults.gpu_memory_utilization)
+        or defaults.gpu_memory_utilization,
+        kv_cache_memory_bytes=integer("KV_CACHE_MEMORY_BYTES", None),
+    )
+
+
+def plan_for_host(
+    shape: ServingShape,
+    *,
+    model_dir: Path | None = None,
+    stats_path: Path | None = None,
+    gpus: list[GpuSpec] | None = None,
+    bandwidth_path: Path | None = None,
+    root: Path = Path("/"),
+    learn_fraction: float = 0.8,
+) -> Plan:
+    """Read every fact from this machine (under `root`) and the files named, then plan."""
+    from glm53.plan.checkpoint_facts import model_facts
+    from glm53.plan.cost_model import read_probe_bandwidth
+    from glm53.plan.traces import read_routing_stats
+
+    found = gpus if gpus is not None else detect_gpus()
+    if not found:
+        raise BadInput(
+            "no NVIDIA GPU found on this machine",
+            hint="describe the GPUs with --gpu-memory 24GiB,24GiB (or --gpus 2 --gpu 24GiB)",
+        )
+    stats = read_routing_stats(stats_path) if stats_path is not None else None
+    return build_plan(
+        model_facts(model_dir),
+        read_host_facts(root),
+        found,
+        shape,
+        stats=stats,
+        stats_source=str(stats_path) if stats_path else "",
+        bandwidth=read_probe_bandwidth(bandwidth_path) if bandwidth_path is not None else None,
+        learn_fraction=learn_fraction,
+    )
+
+
+__all__ = [
+    "PLAN_FORMAT",
+    "PLAN_VERSION",
+    "GpuLedger",
+    "GpuSpec",
+    "HostFacts",
+    "HostLedger",
+    "Infeasible",
+    "KvPlan",
+    "Plan",
+    "ServingShape",
+    "build_plan",
+    "detect_gpus",
+    "host_budget",
+    "plan_for_host",
+    "read_host_facts",
+    "shape_from_profile",
+    "workspace_estimate",
+]

@@ -1,0 +1,207 @@
+"""Rich tables for plans and simulation reports (human output; `--json` prints the models instead)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from glm53.host.topology import format_cpu_list
+from glm53.plan.cache_plan import LayerCache
+from glm53.plan.comparison import ComparisonReport
+from glm53.plan.planner import Plan
+
+GIB = 1 << 30
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:,.2f} GiB"
+
+
+def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None) -> None:
+    shape = plan.shape
+    console.print(f"[bold]Plan[/bold] for {plan.model} ({plan.model_source})")
+    console.print(
+        f"TP {shape.tensor_parallel_size}, context {shape.max_model_len:,}, "
+        f"{shape.max_num_seqs} sequence(s), {shape.max_num_batched_tokens:,} batched tokens, "
+        f"GPU memory utilization {shape.gpu_memory_utilization}"
+    )
+
+    gpus = Table(title="GPU memory ledger (per GPU)", title_justify="left")
+    gpus.add_column("item")
+    for gpu in plan.gpus:
+        label = f"GPU {gpu.index}" if gpu.name == "GPU" else f"GPU {gpu.index} {gpu.name}"
+        gpus.add_column(label, justify="right")
+    rows = [
+        ("total", [g.total_bytes for g in plan.gpus]),
+        ("budget (utilization x total)", [g.budget_bytes for g in plan.gpus]),
+        ("weights (non-expert, this rank)", [g.weights_bytes for g in plan.gpus]),
+        ("KV cache", [g.kv_bytes for g in plan.gpus]),
+        ("workspace", [g.workspace_bytes for g in plan.gpus]),
+        ("headroom", [g.headroom_bytes for g in plan.gpus]),
+        ("expert slots", [g.expert_cache_bytes for g in plan.gpus]),
+        ("left over (< 1 slot)", [g.unused_bytes for g in plan.gpus]),
+    ]
+    for label, values in rows:
+        gpus.add_row(label, *(_gib(v) for v in values))
+    gpus.add_row("slots x bytes", *(f"{g.expert_slots:,} x {g.expert_slot_bytes:,} B" for g in plan.gpus))
+    console.print(gpus)
+
+    kv = plan.kv
+    d = kv.derivation
+    table = Table(title="KV cache derivation (per GPU)", title_justify="left")
+    table.add_column("term")
+    table.add_column("bytes", justify="right")
+    table.add_row(
+        f"MLA latent: {d.dsa_layers} DSA layers x {d.latent_bytes_per_layer} B",
+        f"{d.dsa_layers * d.latent_bytes_per_layer:,} / token",
+    )
+    table.add_row(
+        f"indexer keys: {d.dsa_layers} x {d.indexer_key_bytes_per_layer} B (fp8 + scale)",
+        f"{d.dsa_layers * d.indexer_key_bytes_per_layer:,} / token",
+    )
+    table.add_row(
+        f"KDA state: {d.kda_layers} layers x {d.kda_state_bytes_per_layer:,} B / TP"
+        + (" (dimensions assumed)" if d.kda_state_assumed else ""),
+        f"{d.kda_state_bytes_per_sequence:,} / sequence",
+    )
+    table.add_row(f"KV_CACHE_MEMORY_BYTES ({kv.kv_source})", f"{kv.kv_cache_memory_bytes:,}")
+    table.add_row("tokens it holds (derived)", f"{kv.tokens:,}")
+    cmp = kv.recipe_comparison
+    table.add_row(f"recipe: {cmp.kv_cache_memory_bytes:,} B, reported", f"{cmp.reported_tokens:,} tokens")
+    table.add_row(
+        "recipe: derived for the same bytes", f"{cmp.derived_tokens:,} tokens ({-cmp.gap_fraction:+.1%})"
+    )
+    console.print(table)
+
+    host = plan.host
+    table = Table(title="Host memory ledger", title_justify="left")
+    table.add_column("item")
+    table.add_column("size", justify="right")
+    table.add_column("note")
+    table.add_row("MemTotal", _gib(host.mem_total_bytes), "")
+    table.add_row("budget", _gib(host.budget_bytes), host.budget_source)
+    table.add_row(
+        "pinned expert pool",
+        _gib(host.pinned_pool_bytes),
+        f"every rank's shard of every routed expert; CPU_OFFLOAD_GB={host.cpu_offload_gb} per GPU",
+    )
+    table.add_row("serving overhead", _gib(host.serving_overhead_bytes), "processes, CUDA host allocations")
+    table.add_row("page cache (reclaimable)", _gib(host.page_cache_bytes), "what the budget leaves")
+    table.add_row("outside the budget", _gib(host.outside_budget_bytes), "reserve for the system")
+    console.print(table)
+
+    cpus = plan.cpu_sets
+    table = Table(title="CPU sets", title_justify="left")
+    table.add_column("set")
+    table.add_column("CPUs")
+    table.add_row("serving process (HYBRID_MAIN_CPUS)", cpus.main_text)
+    for rank, pool in enumerate(cpus.pools):
+        table.add_row(f"expert pool, rank {rank}", format_cpu_list(pool) or "(none)")
+    table.add_row("threads per rank (OMP_NUM_THREADS)", str(cpus.threads_per_rank))
+    table.add_row(
+        "topology",
+        f"{cpus.l3_domains} L3 domain(s), {cpus.numa_nodes} NUMA node(s) with allowed CPUs, "
+        + ("SMT" if cpus.smt else "no SMT"),
+    )
+    console.print(table)
+
+    cache = plan.cache
+    table = Table(
+        title=f"GPU expert cache: {cache.strategy} ({cache.source or 'no statistics'})", title_justify="left"
+    )
+    for column in ("layers", "slots", "pinned", "LRU window", "hit rate"):
+        table.add_column(column, justify="right")
+    for first, last, layer in _runs(cache.layers):
+        rate = layer.scored_hit_rate if layer.scored_hit_rate is not None else layer.learned_hit_rate
+        table.add_row(
+            str(first) if first == last else f"{first}-{last}",
+            str(layer.slots),
+            str(layer.pinned),
+            str(layer.window),
+            "-" if rate is None else f"{rate:.1%}",
+        )
+    console.print(table)
+    hit = cache.expected_hit_rate
+    console.print(
+        f"{cache.total_slots:,} slots over {len(cache.layers)} layers; "
+        f"pinned share {cache.pinned_fraction:.1%}; expected hit rate "
+        + ("unknown (no routing statistics)" if hit is None else f"{hit:.1%} ({cache.hit_rate_basis})")
+    )
+    if plan.predicted_tokens_per_s is not None:
+        console.print(
+            f"predicted decode: {plan.predicted_tokens_per_s:.1f} tok/s "
+            f"(host->device {plan.cost.host_to_device.source}; GPU {plan.cost.gpu_note})"
+        )
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    if env is not None:
+        table = Table(title="Environment (--env)", title_justify="left")
+        table.add_column("key")
+        table.add_column("value", overflow="fold")
+        for key, value in env.items():
+            table.add_row(key, value)
+        console.print(table)
+
+
+def _runs(layers: list[LayerCache]) -> list[tuple[int, int, LayerCache]]:
+    """Consecutive layers with the same slots/pinned/window (and no per-layer score) collapse into one row."""
+    out: list[tuple[int, int, LayerCache]] = []
+    for layer in layers:
+        if out:
+            first, last, prev = out[-1]
+            if (
+                (prev.slots, prev.pinned, prev.window) == (layer.slots, layer.pinned, layer.window)
+                and layer.layer == last + 1
+                and layer.scored_hit_rate is None
+                and prev.scored_hit_rate is None
+            ):
+                out[-1] = (first, layer.layer, prev)
+                continue
+        out.append((layer.layer, layer.layer, layer))
+    return out
+
+
+def render_comparison(report: ComparisonReport, console: Console) -> None:
+    console.print(
+        f"trace {report.trace or '(synthetic)'}: {report.layers} layers x {report.experts} experts x "
+        f"top-{report.top_k} x {report.steps:,} steps; learned on the first {report.learned_steps:,}, "
+        f"scored on the other {report.scored_steps:,}"
+    )
+    table = Table(title="Expert-cache policies, held-out hit rate", title_justify="left")
+    table.add_column("budget", justify="right")
+    table.add_column("policy")
+    table.add_column("hit rate", justify="right")
+    table.add_column("vs (b)", justify="right")
+    table.add_column("PCIe MB/token", justify="right")
+    table.add_column("pred. tok/s", justify="right")
+    for budget in report.budgets:
+        base = budget.result("b").hit_rate
+        for index, result in enumerate(budget.results):
+            table.add_row(
+                f"{budget.fraction:.0%} ({budget.slots:,})" if index == 0 else "",
+                f"({result.policy}) {result.label}",
+                f"{result.hit_rate:.2%}",
+                "" if result.policy == "b" else f"{(result.hit_rate - base) * 100:+.2f} pt",
+                "-" if result.pcie_bytes_per_token is None else f"{result.pcie_bytes_per_token / 1e6:,.0f}",
+                "-" if result.tokens_per_s is None else f"{result.tokens_per_s:.1f}",
+                end_section=index == len(budget.results) - 1,
+            )
+    console.print(table)
+    for budget in report.budgets:
+        console.print(
+            f"{budget.fraction:.0%}: planned (c) beats recipe (b) by "
+            f"{budget.planned_gain_over_recipe * 100:.2f} "
+            f"points; Belady MIN (d) is {budget.planned_gap_to_min * 100:.2f} points above (c)"
+        )
+    if report.cost_model is not None:
+        console.print(
+            f"cost model: host->device {report.cost_model.host_to_device.source}; "
+            f"GPU {report.cost_model.gpu_note}"
+        )
+    console.print(
+        f"time: learning {report.learn_seconds:.1f} s, planning + simulations {report.total_seconds:.1f} s "
+        f"wall, {report.cpu_seconds:.1f} s CPU over {report.workers} process(es)"
+    )
+
+
+__all__ = ["render_comparison", "render_plan"]

@@ -1,0 +1,105 @@
+"""Host->device bandwidth at expert-sized blocks, for the planner's cost model (`glm53 probe`).
+
+Three ways an expert reaches the GPU:
+    pinned    cudaMemcpyAsync from page-locked host memory (what a GPU expert-cache fill uses)
+    pageable  the same copy from ordinary memory (the driver stages it through its own pinned buffers)
+    mapped    a kernel reading page-locked host memory in place through unified virtual addressing (UVA),
+              as vLLM's UVA offload does for weights it never copies
+torch is imported only when a probe runs; without a CUDA device the probe stops with exit code 3.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from glm53.errors import UnsupportedHost
+from glm53.plan.cost_model import PROBE_FORMAT, MemoryKind, ProbeReport, ProbeResult
+
+EXPERT_BLOCK_BYTES = 9_474_060  # one routed expert of the 3.05bpw checkpoint
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise UnsupportedHost(
+            "glm53 probe needs torch with CUDA", hint="install torch with CUDA support"
+        ) from exc
+    if not torch.cuda.is_available():
+        raise UnsupportedHost(
+            "no CUDA device is available to probe",
+            hint="run `glm53 probe` on the GPU host; pass its JSON to `glm53 plan --bandwidth`",
+        )
+    return torch
+
+
+class _CudaArray:
+    """Exposes a device pointer through __cuda_array_interface__ so torch can wrap it without a copy."""
+
+    def __init__(self, pointer: int, length: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (length,),
+            "typestr": "<i4",
+            "data": (pointer, False),
+            "version": 2,
+            "strides": None,
+        }
+
+
+def _time_ms(torch: Any, action: Any, repeats: int) -> float:
+    action()  # warm-up
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        action()
+    stop.record()
+    stop.synchronize()
+    return float(start.elapsed_time(stop))
+
+
+def probe_bandwidth(block_bytes: int = EXPERT_BLOCK_BYTES, repeats: int = 50, device: int = 0) -> ProbeReport:
+    torch = _torch()
+    torch.cuda.set_device(device)
+    words = -(-block_bytes // 4)
+    target = torch.empty(words, dtype=torch.int32, device=f"cuda:{device}")
+    pinned = torch.ones(words, dtype=torch.int32).pin_memory()
+    pageable = torch.ones(words, dtype=torch.int32)
+    results: list[ProbeResult] = []
+
+    def record(kind: MemoryKind, action: Any) -> None:
+        milliseconds = _time_ms(torch, action, repeats)
+        seconds = milliseconds / 1e3
+        results.append(
+            ProbeResult(
+                kind=kind,
+                block_bytes=block_bytes,
+                bytes_per_s=block_bytes * repeats / seconds,
+                seconds=seconds,
+                repeats=repeats,
+            )
+        )
+
+    record("pinned", lambda: target.copy_(pinned, non_blocking=True))
+    record("pageable", lambda: target.copy_(pageable, non_blocking=False))
+    # Under UVA a page-locked host allocation has the same address on the device: read it with a kernel.
+    mapped = torch.as_tensor(_CudaArray(pinned.data_ptr(), words), device=f"cuda:{device}")
+    record("mapped", lambda: torch.add(mapped, 0, out=target))
+    properties = torch.cuda.get_device_properties(device)
+    return ProbeReport(
+        format=PROBE_FORMAT,
+        device=f"{device}: {properties.name}",
+        torch=str(torch.__version__),
+        cuda=str(torch.version.cuda),
+        results=results,
+    )
+
+
+def timed_probe(block_bytes: int, repeats: int, device: int) -> tuple[ProbeReport, float]:
+    started = time.perf_counter()
+    report = probe_bandwidth(block_bytes, repeats, device)
+    return report, time.perf_counter() - started
+
+
+__all__ = ["EXPERT_BLOCK_BYTES", "probe_bandwidth", "timed_probe"]

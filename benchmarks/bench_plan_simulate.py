@@ -68,9 +68,9 @@ def main() -> int:
 
     at_17 = next(b for b in report.budgets if b.fraction == 0.17)
     gain_ok = at_17.planned_gain_over_recipe >= TARGET_GAIN_AT_17
-    # The CPU time summed over all worker processes bounds the wall time on an idle machine from above; the
-    # wall time also counts whatever else the machine runs (the load average is printed to read it by).
-    time_ok = min(report.cpu_seconds, report.total_seconds) < TARGET_SECONDS
+    # Judged on wall time, the user's experience; the CPU time summed over the workers and the load average
+    # are printed beside it to tell a slow run from a busy machine.
+    time_ok = report.total_seconds < TARGET_SECONDS
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     console.print(
         f"target: (c) - (b) >= {TARGET_GAIN_AT_17 * 100:.0f} points at 17%: "

@@ -201,14 +201,16 @@ def test_coherence_reports_each_gate(vllm_server: Any, tmp_path: Path) -> None:
     assert [(g.subject, g.passed) for g in gates] == [(name, False) for name in results]
 
 
-def test_agent_session_shares_its_prefix(vllm_server: Any, tmp_path: Path) -> None:
+def test_agent_sessions_share_their_prefix(vllm_server: Any, tmp_path: Path) -> None:
+    from glm53.bench.agent import load_script
+
     result = run_glm53(
         "bench",
         "agent",
         "--base-url",
         vllm_server.base_url,
         "--tasks",
-        "1",
+        "3",
         "--system-tokens",
         "256",
         "--max-tokens",
@@ -221,15 +223,23 @@ def test_agent_session_shares_its_prefix(vllm_server: Any, tmp_path: Path) -> No
     )
     agent = result.json()["agent"]
     turns = agent["turns"]
-    assert [t["turn"] for t in turns] == [1, 2, 3, 4, 5]
+    tasks = load_script().tasks[:3]
+    assert agent["tasks"] == [task.name for task in tasks]
+    assert [(t["task"], t["turn"]) for t in turns] == [
+        (task.name, number) for task in tasks for number in range(1, len(task.steps) + 1)
+    ]
     if turns[0]["error"] and turns[0]["error"].startswith("HTTP 400"):
         pytest.skip("this server does not accept tool_choice=auto (no tool parser)")
     assert result.code == 0, result.stderr
-    prompts = [t["prompt_tokens"] for t in turns]
-    assert prompts == sorted(prompts) and prompts[0] < prompts[-1], (
-        "the conversation grows every turn"
-    )
+    for task in tasks:
+        prompts = [t["prompt_tokens"] for t in turns if t["task"] == task.name]
+        assert prompts == sorted(prompts) and prompts[0] < prompts[-1], (
+            "the conversation grows every turn"
+        )
     assert all(t["error"] is None and t["latency_s"] > 0 for t in turns)
+    assert all(t["ttft_s"] is not None for t in turns), (
+        "token ids stream even while the tool-call parser holds text back"
+    )
     assert 0 < agent["prefix_cache_hit_pct"] < 100, (
         "later turns reuse the earlier turns' prefix"
     )

@@ -1,150 +1,158 @@
-"""`bench agent`: scripted multi-turn tool-use sessions, as a coding agent drives the server.
+"""`bench agent`: scripted multi-turn tool-use sessions, as an agent drives the server.
 
-Each turn resends the whole conversation (a growing shared prefix) with the tool results fed back, streamed,
-so the report shows what agents feel: the prefix-cache hit rate from `/metrics`, the latency of tool-call
-turns and the decode speed inside turns. When the model does not call a tool (or calls another one), the
-script's call is recorded in the transcript instead, so every run has the same shape and the same prefixes.
-One cache salt per invocation: sessions share the system prompt as real agents do, and nothing is reused
-from earlier invocations.
+The tasks, the tools and the scripted tool results are data (`glm53/data/agent-tasks.json`): fifteen
+sessions, as in the recipe's agent benchmark, mixing code edits, shell, search, database, web, weather,
+time and calculator tools. Each turn resends the whole conversation (a growing shared prefix) with the tool
+results fed back, streamed, so the report shows what agents feel: the prefix-cache hit rate from
+`/metrics`, the latency of tool-call turns and the decode speed inside turns. When the model does not call
+a tool (or calls another one), the script's call is recorded in the transcript instead, so every run has
+the same shape and the same prefixes. One cache salt per invocation: sessions share the system prompt and
+the tool list as real agents do, and nothing is reused from earlier invocations.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.stream import StreamOutcome, decode_rate
+from glm53.errors import BadInput
+from glm53.fsutil import read_json
+
+TASKS_SCHEMA: Literal["glm53.agent-tasks/1"] = "glm53.agent-tasks/1"
+TASKS_RESOURCE = "data/agent-tasks.json"
 
 
-def _tool(name: str, description: str, **properties: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    key: {"type": "string", "description": text} for key, text in properties.items()
+class ToolSpec(BaseModel):
+    """A tool offered to the model: every parameter is a required string, described for the model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    description: str = Field(min_length=1)
+    parameters: dict[str, str] = Field(min_length=1, description="parameter name -> description")
+
+    def openai_tool(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        key: {"type": "string", "description": text} for key, text in self.parameters.items()
+                    },
+                    "required": list(self.parameters),
                 },
-                "required": list(properties),
             },
-        },
-    }
+        }
 
 
-TOOLS: list[dict[str, Any]] = [
-    _tool("list_files", "List the files under a directory of the project.", path="directory, relative"),
-    _tool("read_file", "Read a text file of the project.", path="file path, relative"),
-    _tool("write_file", "Replace a file's content.", path="file path, relative", content="the new content"),
-    _tool("run_tests", "Run the test suite, or one test file.", target="test path or 'all'"),
-]
+class Step(BaseModel):
+    """One turn: the tool call the script expects, and the result fed back whatever the model did."""
 
-SYSTEM_INSTRUCTIONS = (
-    "You are a careful software engineering agent working in a small Python project. Use the tools to "
-    "inspect files, make the smallest correct change and run the tests. Call exactly one tool per turn."
-)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-
-@dataclass(frozen=True)
-class Step:
     tool: str
     arguments: dict[str, str]
     result: str
 
 
-@dataclass(frozen=True)
-class Task:
-    name: str
-    request: str
-    steps: tuple[Step, ...]
+class Task(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    request: str = Field(min_length=1)
+    steps: tuple[Step, ...] = Field(min_length=1)
 
 
-_INVENTORY = """def restock(items, counts):
-    for name, count in counts.items():
-        items[name] = items.get(name, 0) + count
-    return items
+class AgentScript(BaseModel):
+    """The packaged tasks (`glm53/data/agent-tasks.json`): every task is sent with every tool, so the system
+    prompt and the tool list are the prefix all sessions share."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: Literal["glm53.agent-tasks/1"]
+    about: str = ""
+    system_instructions: str = Field(min_length=1)
+    tools: tuple[ToolSpec, ...] = Field(min_length=1)
+    tasks: tuple[Task, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgentScript:
+        for kind, names in (("tool", [t.name for t in self.tools]), ("task", [t.name for t in self.tasks])):
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            if repeated:
+                raise ValueError(f"{kind} names must be distinct: {', '.join(repeated)} repeated")
+        tools = {tool.name: tool for tool in self.tools}
+        for task in self.tasks:
+            for number, step in enumerate(task.steps, start=1):
+                where = f"task {task.name!r} step {number}"
+                if step.tool not in tools:
+                    raise ValueError(f"{where}: unknown tool {step.tool!r}")
+                if set(step.arguments) != set(tools[step.tool].parameters):
+                    raise ValueError(
+                        f"{where}: arguments {sorted(step.arguments)} are not {step.tool}'s parameters "
+                        f"{sorted(tools[step.tool].parameters)}"
+                    )
+        return self
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [tool.openai_tool() for tool in self.tools]
+
+    def first(self, count: int) -> AgentScript:
+        """The script cut to its first `count` tasks (the --tasks option)."""
+        if not 1 <= count <= len(self.tasks):
+            raise BadInput(
+                f"--tasks {count}: there are {len(self.tasks)} scripted tasks",
+                hint=f"pass --tasks between 1 and {len(self.tasks)}",
+            )
+        return self.model_copy(update={"tasks": self.tasks[:count]})
+
+    @property
+    def turns(self) -> int:
+        return sum(len(task.steps) for task in self.tasks)
 
 
-def remove(items, name, count):
-    items[name] = items[name] - count
-    return items
-"""
+def parse_script(raw: Any, *, source: str) -> AgentScript:
+    """Validate a task file's JSON; errors name the file and the field."""
+    if isinstance(raw, dict) and raw.get("schema_version") != TASKS_SCHEMA:
+        raise BadInput(
+            f"{source}: schema_version {raw.get('schema_version')!r} is not {TASKS_SCHEMA!r}",
+            hint="the file is not an agent task file this version of glm53 reads",
+        )
+    try:
+        return AgentScript.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "top level"
+        raise BadInput(f"{source}: {where}: {first['msg']}", hint="fix the agent task file") from exc
 
-TASKS: tuple[Task, ...] = (
-    Task(
-        "fix-negative-stock",
-        "The test test_remove_never_negative fails. Find out why and fix inventory.py.",
-        (
-            Step("list_files", {"path": "."}, "inventory.py\ntests/test_inventory.py\nREADME.md\n"),
-            Step("read_file", {"path": "inventory.py"}, _INVENTORY),
-            Step(
-                "run_tests",
-                {"target": "tests/test_inventory.py"},
-                "FAILED tests/test_inventory.py::test_remove_never_negative - assert -2 == 0\n"
-                "1 failed, 3 passed",
-            ),
-            Step(
-                "write_file",
-                {
-                    "path": "inventory.py",
-                    "content": _INVENTORY.replace(
-                        "items[name] - count", "max(0, items.get(name, 0) - count)"
-                    ),
-                },
-                "written 247 bytes",
-            ),
-            Step("run_tests", {"target": "all"}, "4 passed in 0.03s"),
-        ),
-    ),
-    Task(
-        "add-version-flag",
-        "Add a --version flag to the command line entry point in cli.py that prints the package version.",
-        (
-            Step(
-                "read_file",
-                {"path": "cli.py"},
-                "import argparse\n\n\ndef main(argv=None):\n"
-                "    parser = argparse.ArgumentParser(prog='stock')\n"
-                "    parser.add_argument('file')\n    args = parser.parse_args(argv)\n    print(args.file)\n",
-            ),
-            Step("read_file", {"path": "__init__.py"}, "__version__ = '1.4.2'\n"),
-            Step(
-                "write_file",
-                {"path": "cli.py", "content": "(updated cli.py with --version)"},
-                "written 412 bytes",
-            ),
-            Step("run_tests", {"target": "all"}, "5 passed in 0.04s"),
-        ),
-    ),
-    Task(
-        "explain-slow-test",
-        "tests/test_report.py takes 40 seconds. Find the slow part and tell me what to change.",
-        (
-            Step(
-                "run_tests",
-                {"target": "tests/test_report.py"},
-                "2 passed in 40.12s\nslowest: test_monthly 39.8s",
-            ),
-            Step(
-                "read_file",
-                {"path": "tests/test_report.py"},
-                "import time\nfrom report import monthly\n\n\ndef test_monthly():\n    time.sleep(39)\n"
-                "    assert monthly([1, 2, 3]) == 6\n",
-            ),
-            Step("list_files", {"path": "tests"}, "test_inventory.py\ntest_report.py\nconftest.py\n"),
-        ),
-    ),
-)
+
+def load_script(path: Path | None = None) -> AgentScript:
+    """The tasks from `path`, or the packaged ones."""
+    if path is not None:
+        return parse_script(read_json(path, what="agent task file"), source=str(path))
+    return _packaged_script()
+
+
+@functools.cache
+def _packaged_script() -> AgentScript:
+    raw = resources.files("glm53").joinpath(TASKS_RESOURCE).read_text(encoding="utf-8")
+    return parse_script(json.loads(raw), source=f"glm53/{TASKS_RESOURCE}")
 
 
 class TurnRecord(BaseModel):
@@ -188,16 +196,19 @@ def run_agent(
     prompts: PromptFactory,
     model: str,
     *,
-    tasks: Sequence[Task] = TASKS,
+    script: AgentScript | None = None,
     system_tokens: int = 2048,
     max_tokens: int = 1024,
     on_turn: Callable[[TurnRecord], None] | None = None,
 ) -> AgentSection:
+    """Every task of `script` (default: the packaged tasks) in order, one streamed request per step."""
+    script = script if script is not None else load_script()
+    tools = script.tool_schemas()
     salt = secrets.token_hex(16)
-    system, _ = prompts.haystack(system_tokens, insert=SYSTEM_INSTRUCTIONS, depth=0.0)
+    system, _ = prompts.haystack(system_tokens, insert=script.system_instructions, depth=0.0)
     start = snapshot(client)
     turns: list[TurnRecord] = []
-    for task in tasks:
+    for task in script.tasks:
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
             {"role": "user", "content": task.request},
@@ -207,12 +218,15 @@ def run_agent(
             body = {
                 "model": model,
                 "messages": messages,
-                "tools": TOOLS,
+                "tools": tools,
                 "tool_choice": "auto",
                 "max_tokens": max_tokens,
                 "temperature": 0,
                 "cache_salt": salt,
                 "stream_options": {"include_usage": True},
+                # vLLM then streams every generated token's id, even while the tool-call parser holds the
+                # text of a call back until it is complete: TTFT and decode speed are timed per token.
+                "return_token_ids": True,
             }
             outcome = client.stream("/v1/chat/completions", body)
             record = _turn_record(task.name, number, step, outcome, diff_metrics(before, snapshot(client)))
@@ -221,7 +235,7 @@ def run_agent(
                 on_turn(record)
             messages.extend(_feed_back(task.name, number, step, outcome))
     total = diff_metrics(start, snapshot(client))
-    return summarize(tasks, system_tokens, max_tokens, turns, total)
+    return summarize(script.tasks, system_tokens, max_tokens, turns, total)
 
 
 def summarize(

@@ -1,7 +1,8 @@
 """`bench compare`: two reports side by side, or one report against the recipe's published points.
 
 A is the baseline, B the candidate: each row shows A, B, B - A and (B - A) / A. Against the recipe, the recipe
-is A and the report is B, so the deltas read as "this host versus the recipe".
+is A and the report is B, so the deltas read as "this host versus the recipe". With thresholds, compare is a
+gate on the candidate (B, or the one report): the same keys and rule as `bench run --fail-under/--fail-over`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.report import Summary
+from glm53.bench.runner import RUN_FAIL_OVER, RUN_FAIL_UNDER, run_gates
 from glm53.errors import BadInput
 
 Metric = Literal["ttft_ms", "prefill_tok_s", "decode_tok_s"]
@@ -177,3 +180,20 @@ def compare_to_recipe(
                 )
             )
     return Comparison(a_label=f"recipe ({profile})", b_label=label, rows=rows)
+
+
+COMPARE_FAIL_UNDER = RUN_FAIL_UNDER
+COMPARE_FAIL_OVER = RUN_FAIL_OVER
+
+
+def compare_gates(candidate: Summary, under: dict[str, float], over: dict[str, float]) -> list[GateResult]:
+    """`bench run`'s gates on the candidate's run section; a report without one fails every threshold."""
+    if candidate.run is not None:
+        return run_gates(candidate.run, under, over)
+    missing: list[tuple[str, float | None]] = [("no run section", None)]
+    gates: list[GateResult] = []
+    for key, threshold in under.items():
+        gates += minimum_gates(key, threshold, missing, "tok/s")
+    for key, threshold in over.items():
+        gates += maximum_gates(key, threshold, missing, "s")
+    return gates

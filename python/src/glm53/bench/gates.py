@@ -1,11 +1,13 @@
 """Thresholds that turn a report into a pass/fail gate: `--fail-under decode=45,prefill=1000`.
 
 A gate is evaluated on the value the report publishes (the best of N per shape, so every shape must meet
-it); a missing value (no valid run) fails the gate, since nothing was shown to meet it.
+it); a missing value (no valid run) fails the gate, since nothing was shown to meet it, and so does a value
+that is not a finite number. Thresholds must be finite numbers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel
@@ -38,9 +40,15 @@ def parse_thresholds(
         if not sep or key not in allowed:
             raise BadInput(f"{flag}: {item!r} is not KEY=NUMBER with a known KEY", hint=f"keys: {choices}")
         try:
-            thresholds[key] = float(raw)
+            value = float(raw)
         except ValueError as exc:
             raise BadInput(f"{flag}: {key}={raw!r} is not a number", hint=f"e.g. {flag} {key}=45") from exc
+        # float() accepts "nan" and "inf": a gate against them could never pass (or never fail).
+        if not math.isfinite(value):
+            raise BadInput(
+                f"{flag}: {key}={raw.strip()!r} is not a finite number", hint=f"e.g. {flag} {key}=45"
+            )
+        thresholds[key] = value
     return thresholds
 
 
@@ -49,7 +57,8 @@ def minimum_gates(
 ) -> list[GateResult]:
     """One result per subject: passes when value >= threshold."""
     results = []
-    for subject, value in values:
+    for subject, raw in values:
+        value = _finite(raw)
         passed = value is not None and value >= threshold
         shown = "no valid value" if value is None else f"{value:.4g} {unit}"
         verdict = "meets" if passed else "is below"
@@ -73,7 +82,8 @@ def maximum_gates(
 ) -> list[GateResult]:
     """One result per subject: passes when value <= threshold (latencies)."""
     results = []
-    for subject, value in values:
+    for subject, raw in values:
+        value = _finite(raw)
         passed = value is not None and value <= threshold
         detail = (
             f"no valid value: the maximum {threshold:g} {unit} is not shown"
@@ -86,6 +96,11 @@ def maximum_gates(
             )
         )
     return results
+
+
+def _finite(value: float | None) -> float | None:
+    """A NaN or infinite value shows nothing: it is gated as a missing one."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def failed(gates: Iterable[GateResult]) -> list[GateResult]:

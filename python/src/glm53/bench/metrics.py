@@ -26,7 +26,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
             value = float(match.group(3))
         except ValueError:
             continue
-        if math.isnan(value):
+        if not math.isfinite(value):
+            # NaN or +/-Inf: no counter of ours is ever one, and one would poison every difference.
             continue
         name = match.group(1)
         totals[name] = totals.get(name, 0.0) + value

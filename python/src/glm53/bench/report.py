@@ -1,17 +1,21 @@
 """`summary.json`: one versioned report per output directory, each bench command filling its own section.
 
 Writing merges into an existing summary of the same schema (so `bench run`, `needle`, `coherence` and `agent`
-can share one directory) and always goes through an atomic replace.
+can share one directory) and always goes through an atomic replace. Numbers are finite: a value that is not
+(NaN, infinity) is written as null, and a summary holding one is refused when read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
 import platform
 import socket
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -86,7 +90,7 @@ def collect_environment(
 ) -> Environment:
     env = dict(os.environ if environ is None else environ)
     gpus, driver, note = _gpus()
-    commit, dirty = _git_state(Path(__file__).resolve().parent)
+    commit, dirty = git_state(Path(__file__).resolve().parent)
     return Environment(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         hostname=socket.gethostname(),
@@ -155,24 +159,100 @@ def summary_path(out_dir: Path) -> Path:
 
 
 def load_summary(path: Path) -> Summary:
-    """Read a summary (a file, or a directory holding summary.json); errors name the file and the field."""
+    """Read a summary (a file, or a directory holding summary.json); errors name the file and the field.
+
+    Another schema version is refused rather than guessed at, and so is a number that is not finite
+    (`NaN`, `Infinity`: not JSON, and no report of ours holds one)."""
     path = Path(path)
     if path.is_dir():
         path = summary_path(path)
+        if path.exists() and not path.is_file():
+            raise BadInput(f"{path} is not a file", hint="pass the report's directory or its summary.json")
     raw = read_json(path, what="bench summary")
-    if isinstance(raw, dict) and raw.get("schema_version") != SCHEMA_VERSION:
+    if not isinstance(raw, dict):
         raise BadInput(
-            f"{path}: schema_version {raw.get('schema_version')!r} is not {SCHEMA_VERSION!r}",
-            hint="re-run the benchmark with this version of glm53",
+            f"{path}: a JSON {type(raw).__name__}, not an object",
+            hint="the file is not a glm53 bench summary",
+        )
+    version = raw.get("schema_version")
+    if version is None:
+        raise BadInput(f"{path} has no schema_version", hint="the file is not a glm53 bench summary")
+    if version != SCHEMA_VERSION:
+        raise BadInput(
+            f"{path}: schema_version {version!r} is not {SCHEMA_VERSION!r}, the one this glm53 reads",
+            hint="compare reports of one schema: re-run the benchmark with this version of glm53, or read "
+            "the report with the glm53 that wrote it",
+        )
+    where = _non_finite(raw)
+    if where is not None:
+        raise BadInput(
+            f"{path}: {where} is not a finite number",
+            hint="the report was edited or damaged: re-run the benchmark",
         )
     try:
         return Summary.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        where = ".".join(str(part) for part in first["loc"]) or "top level"
         raise BadInput(
             f"{path}: {where}: {first['msg']}", hint="the file is not a glm53 bench summary"
         ) from exc
+
+
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The dotted path of the first NaN or infinite number in parsed JSON, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'the value'} ({value})"
+    if isinstance(value, dict):
+        items: Any = value.items()
+    else:
+        items = enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def finite_or_none(value: Any) -> Any:
+    """A dumped report with every NaN or infinite number replaced by null (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def prepare_out_dir(out_dir: Path) -> Path:
+    """Create `out_dir` and show that a report can be written there, before anything is measured: a path
+    that is a file, a summary.json that is not a file, or a directory that refuses writes is exit 2 now,
+    not after an hour of measurement."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadInput(f"--out {out_dir} is a file, not a directory", hint="pass a directory for the report")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(
+            f"--out {out_dir}: cannot create the directory: {exc.strerror or exc}",
+            hint="pass a directory you can write to",
+        ) from exc
+    path = summary_path(out_dir)
+    if path.exists() and not path.is_file():
+        raise BadInput(f"--out {out_dir}: {path} is not a file", hint="move it away, or pass another --out")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".glm53-write-check.", dir=out_dir)
+    except OSError as exc:
+        raise BadInput(
+            f"--out {out_dir}: cannot write there: {exc.strerror or exc}",
+            hint="pass a directory you can write to",
+        ) from exc
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return out_dir
 
 
 def ensure_same_server(out_dir: Path, server: ServerInfo | None) -> None:
@@ -180,7 +260,13 @@ def ensure_same_server(out_dir: Path, server: ServerInfo | None) -> None:
     path = summary_path(out_dir)
     if server is None or not path.exists():
         return
-    previous = load_summary(path).environment.server
+    try:
+        previous = load_summary(path).environment.server
+    except BadInput as exc:
+        raise BadInput(
+            f"--out {out_dir} holds a report this glm53 cannot update: {exc.message}",
+            hint="pass another --out directory, or move the old report away",
+        ) from exc
     if previous is not None and (previous.base_url, previous.model) != (server.base_url, server.model):
         raise BadInput(
             f"--out {out_dir} holds a report of {previous.model} at {previous.base_url}, "
@@ -191,18 +277,14 @@ def ensure_same_server(out_dir: Path, server: ServerInfo | None) -> None:
 
 def write_section(out_dir: Path, environment: Environment, **sections: Any) -> Path:
     """Create or update `out_dir/summary.json`: replace the named sections and their gates, keep the rest."""
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInput(f"--out {out_dir}: cannot create the directory: {exc.strerror}") from exc
+    out_dir = prepare_out_dir(out_dir)
     path = summary_path(out_dir)
     ensure_same_server(out_dir, environment.server)
     gates: dict[str, list[GateResult]] = sections.pop("gates", {}) or {}
     summary = load_summary(path) if path.exists() else Summary(environment=environment)
     update = {"environment": environment, **sections, "gates": {**summary.gates, **gates}}
     summary = summary.model_copy(update=update)
-    atomic_write_json(path, summary.model_dump(mode="json"))
+    atomic_write_json(path, finite_or_none(summary.model_dump(mode="json")))
     return path
 
 
@@ -230,7 +312,8 @@ def _repro_lock_sha256() -> str | None:
         return None
 
 
-def _git_state(start: Path) -> tuple[str | None, bool | None]:
+def git_state(start: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout holding `start`; (None, None) outside a git checkout."""
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(
@@ -243,7 +326,9 @@ def _git_state(start: Path) -> tuple[str | None, bool | None]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return None, None
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # Modified, staged or untracked files all make the checkout differ from the commit; ignored files do not.
+    # The untracked mode is explicit so that a user's status.showUntrackedFiles=no cannot hide them.
+    status = git("status", "--porcelain", "--untracked-files=normal")
     return commit.strip(), (bool(status.strip()) if status is not None else None)
 
 

@@ -6,6 +6,7 @@ Each command writes its section of OUT/summary.json (atomically; other sections 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,7 +72,10 @@ def _connect(
     base_url: str, timeout: float, api_key: str | None, model: str | None
 ) -> tuple[BenchClient, ServerInfo]:
     from glm53.bench.client import BenchClient
+    from glm53.errors import BadInput
 
+    if not math.isfinite(timeout):
+        raise BadInput(f"--timeout {timeout}: not a finite number of seconds", hint="e.g. --timeout 1800")
     client = BenchClient(base_url, timeout_s=timeout, api_key=api_key)
     try:
         return client, client.server_info(model)
@@ -81,7 +85,7 @@ def _connect(
 
 
 def _environment(info: ServerInfo, profile: str | None, env_file: Path | None, out_dir: Path) -> Environment:
-    from glm53.bench.report import collect_environment, ensure_same_server
+    from glm53.bench.report import collect_environment, ensure_same_server, prepare_out_dir
     from glm53.errors import BadInput
     from glm53.profiles import PROFILE_NAMES
 
@@ -90,6 +94,7 @@ def _environment(info: ServerInfo, profile: str | None, env_file: Path | None, o
             f"--serve-profile {profile!r} is not a known profile",
             hint=f"use one of: {', '.join(PROFILE_NAMES)}",
         )
+    prepare_out_dir(out_dir)
     ensure_same_server(out_dir, info)
     return collect_environment(info, profile=profile, env_file=env_file)
 
@@ -102,16 +107,23 @@ def _finish(
     render: Any,
     *,
     enforce: bool = True,
+    where: str | None = None,
 ) -> None:
+    """Print the result and the gates; exit 1 (CheckFailed) when a gate failed. `where` names the report
+    the values come from (default: the summary just written, payload['summary'])."""
     from glm53.bench.gates import failed
     from glm53.bench.render import gates_table
+    from glm53.bench.report import finite_or_none
 
-    payload = {**payload, "gates": [g.model_dump(mode="json") for g in gates]}
+    # As in summary.json: JSON has no NaN or infinity, so `--json` prints null for such a value.
+    payload = finite_or_none({**payload, "gates": [g.model_dump(mode="json") for g in gates]})
+    report = where or f"the report in {payload['summary']}"
 
     def show(console: Console) -> None:
         render(console)
         gates_table(console, gates)
-        console.print(f"report: {payload['summary']}")
+        if "summary" in payload:
+            console.print(f"report: {payload['summary']}")
 
     out.result(payload, show)
     bad = failed(gates)
@@ -119,7 +131,7 @@ def _finish(
         names = ", ".join(f"{g.name} ({g.subject})" for g in bad)
         raise CheckFailed(
             f"{section}: {len(bad)} of {len(gates)} gates failed: {names}",
-            hint=f"the report in {payload['summary']} keeps every value and reason",
+            hint=f"{report} keeps every value and reason",
         )
 
 
@@ -211,7 +223,7 @@ def run_cmd(
 def _plots(out: Output, section: Any, out_dir: Path) -> list[Path]:
     from glm53.bench.compare import recipe_performance
     from glm53.bench.plots import write_plots
-    from glm53.errors import UnsupportedHost
+    from glm53.errors import BadInput, UnsupportedHost
 
     recipe = recipe_performance()
     try:
@@ -221,7 +233,8 @@ def _plots(out: Output, section: Any, out_dir: Path) -> list[Path]:
             recipe=recipe.profiles[recipe.default_profile],
             recipe_label=f"recipe ({recipe.default_profile})",
         )
-    except UnsupportedHost as exc:
+    except (UnsupportedHost, BadInput) as exc:
+        # The summary is written by now: a plot that cannot be written must not hide its result.
         out.warn(f"{exc.message}; plots skipped")
         return []
 
@@ -342,7 +355,9 @@ def coherence_cmd(
 @bench_app.command("agent")
 def agent_cmd(
     base_url: BaseUrlOpt = DEFAULT_URL,
-    tasks: Annotated[int, typer.Option("--tasks", min=1, help="How many of the scripted tasks to run.")] = 3,
+    tasks: Annotated[
+        int, typer.Option("--tasks", min=1, help="Run the first N of the 15 scripted tasks.")
+    ] = 15,
     system_tokens: Annotated[
         int, typer.Option("--system-tokens", min=0, help="Size of the shared system prompt, in tokens.")
     ] = 2048,
@@ -365,17 +380,14 @@ def agent_cmd(
 
     Example: glm53 bench agent --fail-under cache-hit=60
     """
-    from glm53.bench.agent import AGENT_FAIL_OVER, AGENT_FAIL_UNDER, TASKS, agent_gates, run_agent
+    from glm53.bench.agent import AGENT_FAIL_OVER, AGENT_FAIL_UNDER, agent_gates, load_script, run_agent
     from glm53.bench.gates import parse_thresholds
     from glm53.bench.prompts import PromptFactory
     from glm53.bench.render import agent_tables
     from glm53.bench.report import write_section
     from glm53.errors import BadInput
 
-    if tasks > len(TASKS):
-        raise BadInput(
-            f"--tasks {tasks}: there are {len(TASKS)} scripted tasks", hint=f"pass --tasks {len(TASKS)}"
-        )
+    script = load_script().first(tasks)
     under = parse_thresholds(fail_under, AGENT_FAIL_UNDER, flag="--fail-under")
     over = parse_thresholds(fail_over, AGENT_FAIL_OVER, flag="--fail-over")
     out = Output(json_mode=json_out)
@@ -383,12 +395,18 @@ def agent_cmd(
     with client:
         # First, so that a bad --serve-profile, --env-file or --out fails before anything is measured.
         environment = _environment(info, serve_profile, env_file, out_dir)
-        with _progress(out, sum(len(task.steps) for task in TASKS[:tasks]), "turns") as step:
+        if info.max_model_len is not None and system_tokens + max_tokens >= info.max_model_len:
+            raise BadInput(
+                f"--system-tokens {system_tokens} + --max-tokens {max_tokens} leave no room for the "
+                f"conversation: the server's max_model_len is {info.max_model_len}",
+                hint="pass smaller --system-tokens or --max-tokens",
+            )
+        with _progress(out, script.turns, "turns") as step:
             section = run_agent(
                 client,
                 PromptFactory(client, info.model),
                 info.model,
-                tasks=TASKS[:tasks],
+                script=script,
                 system_tokens=system_tokens,
                 max_tokens=max_tokens,
                 on_turn=lambda t: step(
@@ -399,6 +417,12 @@ def agent_cmd(
     path = write_section(out_dir, environment, agent=section, gates={"agent": gates})
     payload = {"summary": str(path), "agent": section.model_dump(mode="json")}
     _finish(out, "agent", payload, gates, lambda console: agent_tables(console, section))
+    if not any(turn.error is None for turn in section.turns):
+        first = section.turns[0].error if section.turns else "no turn ran"
+        raise CheckFailed(
+            f"agent: none of the {len(section.turns)} turns completed (first error: {first})",
+            hint=f"each turn's error is in {path}",
+        )
 
 
 @bench_app.command("compare")
@@ -417,23 +441,58 @@ def compare_cmd(
         str | None,
         typer.Option("--profile", help="Recipe profile to compare with: prefill-256k or agent-256k."),
     ] = None,
+    fail_under: Annotated[
+        str | None,
+        typer.Option(
+            "--fail-under",
+            help="Minimums on the candidate (B, or the one report), e.g. decode=45,prefill=1000 (tok/s).",
+        ),
+    ] = None,
+    fail_over: Annotated[
+        str | None,
+        typer.Option("--fail-over", help="Maximums on the candidate, e.g. ttft=10 (seconds, every shape)."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Deltas side by side: A vs B, or (one report) the recipe vs this report.
+    """Deltas side by side: A vs B, or (one report) the recipe vs this report; optionally a gate.
 
     Example: glm53 bench compare glm53-bench            # vs the recipe
-             glm53 bench compare before/ after/
+             glm53 bench compare before/ after/ --fail-under decode=45
     """
-    from glm53.bench.compare import compare_summaries, compare_to_recipe
+    from glm53.bench.compare import (
+        COMPARE_FAIL_OVER,
+        COMPARE_FAIL_UNDER,
+        compare_gates,
+        compare_summaries,
+        compare_to_recipe,
+    )
+    from glm53.bench.gates import parse_thresholds
     from glm53.bench.render import comparison_table
     from glm53.bench.report import load_summary
 
+    under = parse_thresholds(fail_under, COMPARE_FAIL_UNDER, flag="--fail-under")
+    over = parse_thresholds(fail_over, COMPARE_FAIL_OVER, flag="--fail-over")
     first = load_summary(a)
     if b is None:
+        candidate, candidate_path = first, a
         comparison = compare_to_recipe(first, profile=profile, label=str(a))
     else:
-        comparison = compare_summaries(first, load_summary(b), a_label=str(a), b_label=str(b))
-    Output(json_mode=json_out).result(comparison, lambda console: comparison_table(console, comparison))
+        candidate, candidate_path = load_summary(b), b
+        comparison = compare_summaries(first, candidate, a_label=str(a), b_label=str(b))
+    out = Output(json_mode=json_out)
+    if not under and not over:
+        out.result(comparison, lambda console: comparison_table(console, comparison))
+        return
+    gates = compare_gates(candidate, under, over)
+    payload = {**comparison.model_dump(mode="json"), "gated": str(candidate_path)}
+    _finish(
+        out,
+        "compare",
+        payload,
+        gates,
+        lambda console: comparison_table(console, comparison),
+        where=f"the report {candidate_path}",
+    )
 
 
 @contextmanager

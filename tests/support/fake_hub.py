@@ -10,7 +10,14 @@ Served, for model repositories whose files come from local folders:
                                                       Content-Length, Accept-Ranges and `Range` (206)
 Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound) like the Hub's.
 Files named *.safetensors or larger than `lfs_threshold` are LFS files (ETag = their sha256).
-`drop_after` makes the first whole-file GET of a file close the connection after N body bytes, to test resuming.
+Breaking transfers, to test resuming (each keyed by the file's path in the repo):
+- `drop_after`: the first whole-file GET of the file closes the connection after N body bytes;
+- `cut_at`: every GET of the file stops at byte N of the file and closes the connection (a request that starts
+  at or past N gets its headers and no body), until the key is removed: retries within one run are exhausted;
+- `ignore_range`: GETs of these files answer 200 with the whole file whatever their `Range`, like a CDN that
+  drops the header;
+- `stall_after`: the first whole-file GET of the file sends N body bytes, sets `stalled`, then sends nothing
+  more until `release` is set, and closes the connection: the test kills the downloading process meanwhile.
 """
 
 from __future__ import annotations
@@ -59,6 +66,11 @@ class FakeHub:
     branches: dict[str, dict[str, str]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     drop_after: dict[str, int] = field(default_factory=dict)
+    cut_at: dict[str, int] = field(default_factory=dict)
+    ignore_range: set[str] = field(default_factory=set)
+    stall_after: dict[str, int] = field(default_factory=dict)
+    stalled: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     url: str = ""
 
     def add_repo(self, repo: str, commit: str, folder: Path, *, branch: str = "main") -> None:
@@ -79,6 +91,11 @@ class FakeHub:
             if r.method == "GET" and "/resolve/" in r.path and r.path.endswith(path_suffix):
                 total += -1 if r.range is None else _range_length(r.range)
         return total
+
+    def gets(self, path_suffix: str) -> list[Request]:
+        """The GETs of resolve URLs ending with `path_suffix`, in arrival order."""
+        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path
+                and r.path.endswith(path_suffix)]
 
     def _resolve_revision(self, repo: str, rev: str) -> str | None:
         commits = self.repos.get(repo, {})
@@ -216,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers |= {"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)}
         start, end = 0, f.size
         status = 200
-        spec = self.headers.get("Range")
+        spec = self.headers.get("Range") if f.path not in self.hub.ignore_range else None
         if spec:
             m = re.fullmatch(r"bytes=(\d+)-(\d*)", spec.strip())
             if not m or int(m.group(1)) >= max(f.size, 1):
@@ -234,19 +251,35 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         drop = self.hub.drop_after.pop(f.path, None) if self.command == "GET" and not spec else None
+        stall = self.hub.stall_after.pop(f.path, None) if self.command == "GET" and not spec else None
+        cut = self.hub.cut_at.get(f.path)
+        stop = end
+        if drop is not None:
+            stop = min(stop, start + drop)
+        if stall is not None:
+            stop = min(stop, start + stall)
+        if cut is not None:
+            stop = max(start, min(stop, cut))
         with open(f.local, "rb") as handle:
             handle.seek(start)
-            remaining = end - start if drop is None else min(drop, end - start)
+            remaining = stop - start
             while remaining > 0:
                 chunk = handle.read(min(remaining, 1 << 20))
                 if not chunk:
                     break
                 self.wfile.write(chunk)
                 remaining -= len(chunk)
-        if drop is not None:
+        if stop == end:
+            return
+        try:
             self.wfile.flush()
+            if stall is not None:
+                self.hub.stalled.set()
+                self.hub.release.wait()
             self.close_connection = True
             self.connection.shutdown(2)
+        except OSError:  # the client is gone already (killed while the transfer stalled)
+            self.close_connection = True
 
 
 @contextmanager

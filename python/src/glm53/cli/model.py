@@ -105,19 +105,40 @@ def download_cmd(
     jobs: JobsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Download the checkpoint at a pinned revision (resumable), then verify every file against the lock."""
+    """Download the checkpoint at a pinned revision, then verify every file against the lock.
+
+    Resumable across runs: an interrupted file continues from the bytes already on disk.
+    """
     from glm53.cli.progress import byte_progress
     from glm53.hub_download import download_checkpoint
 
     out = Output(json_mode=json_out)
-    with byte_progress(out, "verifying") as progress:
-        result = download_checkpoint(
-            repo, revision, model_dir, lock_path=lock_path, jobs=jobs, progress=progress
-        )
+    try:
+        with byte_progress(out, "downloading") as progress:
+            result = download_checkpoint(
+                repo,
+                revision,
+                model_dir,
+                lock_path=lock_path,
+                jobs=jobs,
+                progress=progress,
+                verify_progress=progress.stage("verifying") if progress is not None else None,
+            )
+    except KeyboardInterrupt:
+        out.warn("interrupted: the bytes downloaded so far are kept; run the same command again to continue")
+        raise typer.Exit(130) from None
 
     def render(console: Console) -> None:
         made = " (made from the Hub's metadata)" if result.lock_created else ""
-        console.print(f"downloaded {result.files} files, {result.bytes:,} bytes into {result.model_dir}")
+        resumed = (
+            f", {result.bytes_resumed:,} of them kept from an earlier run" if result.bytes_resumed else ""
+        )
+        console.print(
+            f"fetched {result.files_fetched} of {result.files} files ({result.bytes_fetched:,} bytes{resumed})"
+            f" into {result.model_dir}"
+        )
+        if result.refetched:
+            console.print(f"fetched again from byte 0 (kept bytes did not match): {', '.join(result.refetched)}")
         console.print(f"lock {result.lock}{made}: {result.verify.summary}")
 
     out.result(result, render)

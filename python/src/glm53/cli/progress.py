@@ -1,4 +1,5 @@
-"""A rich progress bar in bytes with a bytes/s rate, fed from hashing threads; silent when not on a TTY."""
+"""A rich progress bar in bytes with a bytes/s rate, fed from hashing or download threads; silent when not
+on a TTY."""
 
 from __future__ import annotations
 
@@ -19,15 +20,23 @@ from glm53.output import Output
 
 
 class ByteProgress:
-    """Implements glm53.hashing.HashProgress on a rich Progress (whose updates are thread-safe)."""
+    """Implements glm53.hashing.HashProgress (and glm53.hub_download.DownloadProgress) on a rich Progress,
+    whose updates are thread-safe."""
 
     def __init__(self, progress: Progress, description: str) -> None:
         self._progress = progress
         self._description = description
         self._task: TaskID | None = None
 
-    def start(self, total_bytes: int, files: int) -> None:
-        self._task = self._progress.add_task(f"{self._description} {files} files", total=total_bytes)
+    def start(self, total_bytes: int, files: int, done: int = 0) -> None:
+        """A new bar over `files` files; `done` bytes already there (a resumed download) start it off."""
+        self._task = self._progress.add_task(
+            f"{self._description} {files} files", total=total_bytes, completed=done
+        )
+
+    def stage(self, description: str) -> ByteProgress:
+        """Another bar in the same display, for a later step of the same command (one live display at a time)."""
+        return ByteProgress(self._progress, description)
 
     def advance(self, nbytes: int) -> None:
         if self._task is not None:

@@ -19,13 +19,14 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+
 from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.comparison import compare_policies
 from glm53.plan.cost_model import build_cost_model, read_probe_bandwidth
 from glm53.plan.kv_budget import derive_kv
 from glm53.plan.render import render_comparison
 from glm53.plan.traces import SyntheticTraceSpec, read_trace, synthesize_trace
-from rich.console import Console
 
 TARGET_GAIN_AT_17 = 0.04
 TARGET_SECONDS = 30.0

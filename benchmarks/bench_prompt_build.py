@@ -2,7 +2,8 @@
 
 Exact-length token-id prompts tile the ids of one tokenized base text; needle haystacks join paragraphs whose
 token counts are known. The server tokenizes only the short base texts (a constant number of /tokenize calls),
-so the table also counts the calls one prompt of each length needs (setup excluded: 1 + 8 calls, once). A cost per token that stays flat as the length grows 32x is linear work.
+so the table also counts the calls one prompt of each length needs (setup excluded: 1 + 8 calls, once).
+A cost per token that stays flat as the length grows 32x is linear work.
 
     python benchmarks/bench_prompt_build.py [--base-url http://127.0.0.1:8000]
 """
@@ -14,11 +15,12 @@ import json
 import sys
 import time
 
+from rich.console import Console
+from rich.table import Table
+
 from glm53.bench.client import BenchClient
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.runner import completion_body
-from rich.console import Console
-from rich.table import Table
 
 LENGTHS = (8_192, 32_768, 131_072, 260_096)
 

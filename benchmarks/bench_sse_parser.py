@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+from rich.console import Console
+from rich.table import Table
+
 from glm53.bench.client import BenchClient
 from glm53.bench.compare import recipe_performance
 from glm53.bench.sse import SSEParser
 from glm53.bench.stream import StreamAccumulator
-from rich.console import Console
-from rich.table import Table
 
 REQUIRED_HEADROOM = 20.0
 

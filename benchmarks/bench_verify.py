@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from glm53 import hashing
 from glm53.checkpoint_lock import LOCK_FILENAME, lock_from_directory, write_lock
 from glm53.hashing import default_jobs, sha256_file
 from glm53.verify import verify_checkpoint
-from rich.console import Console
-from rich.table import Table
 
 
 def write_shards(root: Path, total_bytes: int, shard_bytes: int) -> list[Path]:

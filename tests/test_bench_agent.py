@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from glm53.bench.agent import AgentScript, load_script, parse_script, run_agent
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import load_summary
 from glm53.bench.stream import StreamOutcome, ToolCall, Usage
 from glm53.errors import BadInput
-
 from tests.support.cli import run_glm53
 
 

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from glm53.bench.report import load_summary
 
+from glm53.bench.report import load_summary
 from tests.support.cli import run_glm53
 
 

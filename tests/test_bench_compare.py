@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from glm53.bench.coherence import CoherenceResult, CoherenceSection
 from glm53.bench.compare import compare_gates
 from glm53.bench.report import Summary, collect_environment, write_section
 from glm53.bench.runner import BestOf, RunRecord, RunSection, ShapeResult, best_of
-
 from tests.support.cli import run_glm53
 
 
@@ -115,7 +115,9 @@ def test_a_candidate_without_a_run_section_fails_every_threshold(tmp_path: Path)
 
 def test_compare_gates_treat_a_shape_without_valid_runs_as_failing() -> None:
     section = _section(6000, 50.0, 1200.0)
-    empty = ShapeResult(shape="260096:2048", prompt_tokens=260096, output_tokens=2048, runs=[], best=BestOf(valid_runs=0))
+    empty = ShapeResult(
+        shape="260096:2048", prompt_tokens=260096, output_tokens=2048, runs=[], best=BestOf(valid_runs=0)
+    )
     section = section.model_copy(update={"shapes": [*section.shapes, empty]})
     summary = Summary(environment=collect_environment(None, environ={}), run=section)
     gates = compare_gates(summary, {"decode": 45.0}, {})

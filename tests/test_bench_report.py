@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from glm53.bench import report
 from glm53.bench.client import ServerInfo
 from glm53.bench.gates import maximum_gates, minimum_gates
@@ -30,7 +31,6 @@ from glm53.bench.report import (
 )
 from glm53.bench.runner import RunRecord, RunSection, ShapeResult, best_of, run_gates
 from glm53.errors import BadInput
-
 from tests.support.cli import run_glm53
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -109,9 +109,9 @@ def test_an_out_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 def test_a_summary_json_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "summary.json").mkdir()
-    with pytest.raises(BadInput, match="summary.json is not a file"):
+    with pytest.raises(BadInput, match=r"summary\.json is not a file"):
         prepare_out_dir(tmp_path)
-    with pytest.raises(BadInput, match="summary.json is not a file"):
+    with pytest.raises(BadInput, match=r"summary\.json is not a file"):
         load_summary(tmp_path)
 
 

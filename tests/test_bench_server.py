@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from glm53.bench.report import SCHEMA_VERSION, load_summary
 
+from glm53.bench.report import SCHEMA_VERSION, load_summary
 from tests.support.cli import run_glm53
 
 pytestmark = pytest.mark.slow

@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+
 from glm53.bench.sse import SSEParser
 
 
@@ -31,7 +32,7 @@ PAYLOADS = [
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
 def test_every_split_point_gives_the_same_events(newline: str) -> None:
-    raw = _stream(PAYLOADS[:4] + ["[DONE]"], newline)
+    raw = _stream([*PAYLOADS[:4], "[DONE]"], newline)
     expected = [p.encode() for p in PAYLOADS[:4]] + [b"[DONE]"]
     for cut in range(len(raw) + 1):
         assert _parse_in_chunks(raw, [cut]) == expected, f"split at byte {cut}"

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from glm53.bench.client import BenchClient
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.runner import RunSection, Shape, judge_run, run_benchmark
@@ -201,9 +202,10 @@ def test_finish_reason_other_than_length() -> None:
 
 
 def test_malformed_json_and_error_events() -> None:
-    malformed = lambda r: httpx.Response(
-        200, content=b"data: {not json\n\n" + sse(good_events())
-    )
+    def malformed(r):
+        return httpx.Response(
+            200, content=b"data: {not json\n\n" + sse(good_events())
+        )
     reason = only_run_reason(malformed)
     assert reason is not None and reason.startswith("malformed event")
     error_event = {"error": {"message": "engine died", "code": 500}}
@@ -213,9 +215,10 @@ def test_malformed_json_and_error_events() -> None:
 
 @pytest.mark.parametrize("status", [400, 404, 500, 503])
 def test_http_errors(status: int) -> None:
-    responder = lambda r: httpx.Response(
-        status, json={"error": {"message": f"nope {status}"}}
-    )
+    def responder(r):
+        return httpx.Response(
+            status, json={"error": {"message": f"nope {status}"}}
+        )
     reason = only_run_reason(responder)
     assert reason == f"HTTP {status}: nope {status}"
 

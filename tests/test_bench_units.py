@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from glm53.bench.compare import compare_summaries, compare_to_recipe, recipe_performance
 from glm53.bench.gates import maximum_gates, minimum_gates, parse_thresholds
 from glm53.bench.metrics import diff_metrics, parse_prometheus

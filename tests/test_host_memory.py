@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from glm53.errors import BadInput
 from glm53.host.memory import read_cgroup_memory_limit, read_host_memory, read_meminfo
 

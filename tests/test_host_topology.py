@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from glm53.errors import BadInput
 from glm53.host.topology import format_cpu_list, parse_cpu_list, read_topology
 

@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from glm53.errors import BadInput
 from glm53.plan.allocation import allocate_slots, uniform_split
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from glm53.errors import BadInput
 from glm53.plan.checkpoint_facts import load_architecture, read_checkpoint_facts
-
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
 

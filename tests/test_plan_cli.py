@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from glm53.cli.main import main
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from glm53.errors import BadInput
 from glm53.plan.env import env_lines, parse_capacity_plan, plan_serving_env
 from glm53.plan.planner import detect_gpus
 from glm53.profiles import load_profile
-
 from tests.support.fake_nvml import FakeNvml, two_3090s
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

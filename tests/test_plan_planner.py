@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from glm53.plan.checkpoint_facts import (
     ModelFacts,
     load_architecture,
@@ -19,7 +20,6 @@ from glm53.plan.planner import (
     read_host_facts,
 )
 from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
-
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from glm53.plan.miss_ratio import (
     default_pinned_grid,
     layer_curves,

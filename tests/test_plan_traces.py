@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from glm53.errors import BadInput
 from glm53.plan.traces import (
     RoutingTrace,

@@ -92,8 +92,8 @@ class NixpkgsPin(_Strict):
     repo: str
     ref: str
     rev: str = Field(pattern=_HEX40)
-    narHash: str = Field(pattern=_SRI)  # noqa: N815 - flake.lock's own spelling
-    lastModified: int  # noqa: N815
+    narHash: str = Field(pattern=_SRI)
+    lastModified: int
 
 
 class NixPins(_Strict):

@@ -1,0 +1,72 @@
+"""Carry out a LaunchSpec: export its environment, pin the CPUs, and replace this process with vLLM.
+
+`os.execvpe` (not a child process): signals from systemd, Docker or Ctrl-C reach vLLM directly, and no glm53
+wrapper process is left. The API key is read from a file and passed in VLLM_API_KEY only; it is never put into
+argv (visible in /proc/PID/cmdline) nor printed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NoReturn
+
+from glm53.errors import BadInput, UnsupportedHost
+from glm53.launch import LaunchSpec, environment_for_exec
+
+
+def read_api_key(path: Path) -> str:
+    """The first line of `path`, stripped. An unreadable, empty or world-readable file is bad input."""
+    try:
+        info = path.stat()
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise BadInput(f"--api-key-file: {path} not found") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise BadInput(
+            f"--api-key-file: cannot read {path}: {reason}",
+            hint="check the file's owner and mode (chmod 600)",
+        ) from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise BadInput(f"--api-key-file: {path} is not a regular file")
+    key = raw.strip().splitlines()[0].strip() if raw.strip() else ""
+    if not key:
+        raise BadInput(f"--api-key-file: {path} is empty", hint="write the key on the first line")
+    if info.st_mode & stat.S_IROTH:
+        raise BadInput(f"--api-key-file: {path} is readable by every user", hint=f"chmod 600 {path}")
+    return key
+
+
+def apply_affinity(cpus: list[int] | None) -> None:
+    if not cpus:
+        return
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        allowed = sorted(os.sched_getaffinity(0))
+        raise BadInput(
+            f"cannot pin vLLM to CPUs {cpus}: {exc.strerror}",
+            hint=f"this process may use CPUs {allowed}; re-run `glm53 plan` on this machine",
+        ) from exc
+
+
+def exec_launch(
+    spec: LaunchSpec, *, api_key: str | None = None, inherited: Mapping[str, str] | None = None
+) -> NoReturn:
+    """Replace this process with vLLM. Only returns by raising (the command cannot be found)."""
+    env = environment_for_exec(spec, os.environ if inherited is None else inherited, api_key)
+    program = spec.argv[0]
+    if os.sep not in program and shutil.which(program, path=env.get("PATH")) is None:
+        raise UnsupportedHost(
+            f"{program} not found on PATH",
+            hint="install vLLM (make setup installs the CPU build) or run the recipe's image",
+        )
+    apply_affinity(spec.cpu_affinity)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(program, spec.argv, env)

@@ -1,0 +1,208 @@
+"""Profile (+ plan) -> LaunchSpec: the exact vLLM argv, the environment to export and the CPU affinity.
+
+Pure: no file is read, nothing is started. `glm53.exec_server` carries a LaunchSpec out.
+
+The flag order follows the recipe's `config.launch`, so `agent-256k` reproduces it element for element
+except for the model path, the host (127.0.0.1 unless the caller asks for another address), the chat
+template's path (the packaged copy) and the flag names the pinned vLLM spells differently
+(`--kv-cache-memory` is `--kv-cache-memory-bytes` in vLLM 0.32).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from glm53.chat_template import bounded_template_path
+from glm53.errors import BadInput
+from glm53.profiles import BUILTIN_CHAT_TEMPLATE, KEYS, Profile
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+# (flag, key, how). "value": --flag VALUE; "bool": 1 -> --flag, 0 -> --no-flag; empty -> left out.
+# "compilation" and "host"/"port"/"model" are filled from several keys or from the caller.
+FLAG_ORDER: tuple[tuple[str, str, str], ...] = (
+    ("--served-model-name", "SERVED_MODEL_NAME", "value"),
+    ("--host", "", "host"),
+    ("--port", "", "port"),
+    ("--tensor-parallel-size", "TENSOR_PARALLEL_SIZE", "value"),
+    ("--distributed-executor-backend", "DISTRIBUTED_EXECUTOR_BACKEND", "value"),
+    ("--model-impl", "MODEL_IMPL", "value"),
+    ("--quantization", "QUANTIZATION", "value"),
+    ("--dtype", "DTYPE", "value"),
+    ("--max-model-len", "MAX_MODEL_LEN", "value"),
+    ("--max-num-seqs", "MAX_NUM_SEQS", "value"),
+    ("--max-num-batched-tokens", "MAX_NUM_BATCHED_TOKENS", "value"),
+    ("--enable-chunked-prefill", "CHUNKED_PREFILL", "bool"),
+    ("--gpu-memory-utilization", "GPU_MEMORY_UTILIZATION", "value"),
+    ("--kv-cache-memory-bytes", "KV_CACHE_MEMORY_BYTES", "value"),
+    ("--kv-cache-dtype", "KV_CACHE_DTYPE", "value"),
+    ("--offload-backend", "OFFLOAD_BACKEND", "value"),
+    ("--cpu-offload-gb", "CPU_OFFLOAD_GB", "value"),
+    ("--cpu-offload-params", "CPU_OFFLOAD_PARAMS", "value"),
+    ("--compilation-config", "", "compilation"),
+    ("--enable-prefix-caching", "PREFIX_CACHING", "bool"),
+    ("--chat-template", "CHAT_TEMPLATE", "template"),
+    ("--reasoning-config", "REASONING_CONFIG", "value"),
+    ("--enable-flashinfer-autotune", "FLASHINFER_AUTOTUNE", "bool"),
+    ("--language-model-only", "LANGUAGE_MODEL_ONLY", "bool"),
+    ("--skip-mm-profiling", "SKIP_MM_PROFILING", "bool"),
+    ("--tool-call-parser", "TOOL_CALL_PARSER", "value"),
+    ("--enable-auto-tool-choice", "AUTO_TOOL_CHOICE", "bool"),
+    ("--reasoning-parser", "REASONING_PARSER", "value"),
+    ("--enforce-eager", "ENFORCE_EAGER", "bool"),
+)
+
+# Every flag key of the profile has its place above (a test keeps this true).
+FLAG_KEYS = frozenset(key for _, key, _ in FLAG_ORDER if key) | {"CUDA_GRAPH_MODE", "COMPILATION_MODE"}
+
+# Variables that never come from a profile: the API key travels through VLLM_API_KEY only.
+SECRET_ENV = ("VLLM_API_KEY",)
+
+
+class PlanInput(BaseModel):
+    """What the host planner contributes: extra environment (KEY=VALUE lines) and the serving CPUs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    env: dict[str, str] = Field(default_factory=dict)
+    cpu_affinity: list[int] | None = None
+
+
+class LaunchSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    profile: str
+    argv: list[str]
+    # Exported on top of the inherited environment, in this order (profile keys, then the plan's).
+    env: dict[str, str]
+    # Where each exported variable and each flag value came from ("agent-256k.env:12", "plan", "--set", ...).
+    origins: dict[str, str]
+    cpu_affinity: list[int] | None
+    host: str
+    port: int
+    # True when an API key will be passed in VLLM_API_KEY (never shown, never in argv).
+    api_key: bool = False
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+
+def check_host(host: str, *, listen_all: bool) -> str:
+    """127.0.0.1 by default; an address other than loopback needs the explicit `--listen-all` flag."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError as exc:
+        raise BadInput(
+            f"--host {host!r} is not an IP address", hint="use 127.0.0.1, or 0.0.0.0 with --listen-all"
+        ) from exc
+    if not address.is_loopback and not listen_all:
+        raise BadInput(
+            f"--host {host} would accept connections from other machines",
+            hint="pass --listen-all as well if that is what you want (and set --api-key-file)",
+        )
+    return host
+
+
+def compilation_config(profile: Profile) -> str | None:
+    config: dict[str, object] = {}
+    if profile.is_set("COMPILATION_MODE"):
+        config["mode"] = int(profile.value("COMPILATION_MODE"))
+    if profile.is_set("CUDA_GRAPH_MODE"):
+        config["cudagraph_mode"] = profile.value("CUDA_GRAPH_MODE")
+    return json.dumps(config, separators=(",", ":")) if config else None
+
+
+def resolve_chat_template(value: str) -> str:
+    return str(bounded_template_path()) if value == BUILTIN_CHAT_TEMPLATE else value
+
+
+def build_launch(
+    profile: Profile,
+    *,
+    model_dir: Path | str,
+    vllm_command: Sequence[str] = ("vllm", "serve"),
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    listen_all: bool = False,
+    plan: PlanInput | None = None,
+    api_key: bool = False,
+    extra_args: Sequence[str] = (),
+) -> LaunchSpec:
+    """The argv, environment and CPU affinity for serving `model_dir` with `profile`."""
+    if not 0 < port < 65536:
+        raise BadInput(f"--port {port} is out of range", hint="use a port between 1 and 65535")
+    check_host(host, listen_all=listen_all)
+    argv: list[str] = [*vllm_command, str(model_dir)]
+    origins: dict[str, str] = {}
+    for flag, key, how in FLAG_ORDER:
+        if how == "host":
+            argv += [flag, host]
+        elif how == "port":
+            argv += [flag, str(port)]
+        elif how == "compilation":
+            value = compilation_config(profile)
+            if value is not None:
+                argv += [flag, value]
+                origins[flag] = ", ".join(
+                    profile.settings[k].source
+                    for k in ("COMPILATION_MODE", "CUDA_GRAPH_MODE")
+                    if profile.is_set(k)
+                )
+        elif how == "bool":
+            state = profile.flag_bool(key)
+            if state is not None:
+                argv.append(flag if state else "--no-" + flag.removeprefix("--"))
+                origins[flag] = profile.settings[key].source
+        elif profile.is_set(key):
+            value = profile.value(key)
+            argv += [flag, resolve_chat_template(value) if how == "template" else value]
+            origins[flag] = profile.settings[key].source
+    argv += list(extra_args)
+
+    env: dict[str, str] = {}
+    for key, value in profile.env_exports().items():
+        env[key] = value
+        origins[key] = profile.settings[key].source
+    if plan is not None:
+        for key, value in plan.env.items():
+            if key in SECRET_ENV:
+                raise BadInput(f"the plan sets {key}", hint="the API key comes from --api-key-file only")
+            if key in KEYS and KEYS[key].role == "flag":
+                raise BadInput(
+                    f"the plan sets {key}, which is a launch flag, not an environment variable",
+                    hint="set it with --set instead",
+                )
+            env[key] = value
+            origins[key] = "plan"
+    affinity = sorted(set(plan.cpu_affinity)) if plan is not None and plan.cpu_affinity else None
+    return LaunchSpec(
+        profile=profile.name,
+        argv=argv,
+        env=env,
+        origins=origins,
+        cpu_affinity=affinity,
+        host=host,
+        port=port,
+        api_key=api_key,
+    )
+
+
+def environment_for_exec(
+    spec: LaunchSpec, inherited: Mapping[str, str], api_key: str | None
+) -> dict[str, str]:
+    """The full environment vLLM gets: inherited, then the spec's exports, then the key (or no key at all)."""
+    env = {k: v for k, v in inherited.items() if k not in SECRET_ENV}
+    env.update(spec.env)
+    if api_key is not None:
+        env["VLLM_API_KEY"] = api_key
+    return env

@@ -1,0 +1,460 @@
+"""Serving profiles: the recipe's own keys, their defaults from package data files, and each value's origin.
+
+A profile file is a shell fragment of `: "${KEY:=default}"` lines, exactly what the recipe's entrypoint
+sources, so bash reads it the same way (a test checks that). Values are layered, lowest first:
+
+    profile file  <  host plan  <  --env-file (a recipe .env)  <  process environment  <  --set KEY=VALUE
+
+The host plan (`glm53 plan --env`) fills the keys it computes (CPU_OFFLOAD_GB, KV_CACHE_MEMORY_BYTES, the
+expert cache and CPU pool keys) over the profile's defaults, as the recipe's entrypoint exports the planner's
+output after sourcing the profile.
+
+Only the keys below exist; a key that is not one of them, in a file or in `--set`, is an error that lists the
+close matches. Unknown variables in the process environment are ignored (it holds many unrelated ones).
+Every value is checked against its key's kind (int, float, bool, json, ...) and remembers its origin.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from glm53.errors import BadInput
+
+Kind = Literal["str", "int", "float", "bool", "json", "path"]
+Role = Literal["flag", "env"]
+Origin = Literal["profile", "plan", "env-file", "env", "set"]
+
+PROFILE_NAMES = ("agent-256k", "prefill-256k", "cpu-tiny")
+DEFAULT_PROFILE = "agent-256k"
+BUILTIN_CHAT_TEMPLATE = "builtin:bounded"
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    key: str
+    kind: Kind
+    role: Role
+    doc: str
+    recipe: bool = True  # one of the recipe's 76 keys (config.runtime.env), or added by glm53
+
+
+def _env(key: str, doc: str, kind: Kind = "str", *, recipe: bool = True) -> KeySpec:
+    return KeySpec(key, kind, "env", doc, recipe)
+
+
+def _flag(key: str, kind: Kind, doc: str, *, recipe: bool = True) -> KeySpec:
+    return KeySpec(key, kind, "flag", doc, recipe)
+
+
+# Keys that become vLLM flags (launch.FLAG_ORDER says which) and keys exported to the engine's environment.
+_SPECS: tuple[KeySpec, ...] = (
+    # The recipe's keys that shape the argv.
+    _flag("SERVED_MODEL_NAME", "str", "--served-model-name: the model id clients send"),
+    _flag("MAX_MODEL_LEN", "int", "--max-model-len: context window in tokens"),
+    _flag("MAX_NUM_SEQS", "int", "--max-num-seqs: concurrent sequences"),
+    _flag(
+        "MAX_NUM_BATCHED_TOKENS", "int", "--max-num-batched-tokens: tokens per scheduler step (prefill chunk)"
+    ),
+    _flag("KV_CACHE_MEMORY_BYTES", "int", "--kv-cache-memory-bytes: KV cache size per GPU, in bytes"),
+    _flag("GPU_MEMORY_UTILIZATION", "float", "--gpu-memory-utilization: fraction of VRAM vLLM may use"),
+    _flag("TENSOR_PARALLEL_SIZE", "int", "--tensor-parallel-size: GPUs the model is split over"),
+    _flag("CUDA_GRAPH_MODE", "str", "cudagraph_mode inside --compilation-config"),
+    _flag("PREFIX_CACHING", "bool", "--enable-prefix-caching (1) or --no-enable-prefix-caching (0)"),
+    _flag("CPU_OFFLOAD_GB", "int", "--cpu-offload-gb: GiB of weights kept in host memory"),
+    _flag(
+        "CHAT_TEMPLATE", "path", f"--chat-template: a file, or {BUILTIN_CHAT_TEMPLATE} for the packaged one"
+    ),
+    _flag(
+        "REASONING_CONFIG", "json", "--reasoning-config: reasoning start/end strings (end = forced at budget)"
+    ),
+    # Flags the recipe's argv fixes; glm53 names them so that other profiles can differ.
+    _flag("DISTRIBUTED_EXECUTOR_BACKEND", "str", "--distributed-executor-backend", recipe=False),
+    _flag("MODEL_IMPL", "str", "--model-impl", recipe=False),
+    _flag("QUANTIZATION", "str", "--quantization (exl3 needs the GLM-5.3 overlay)", recipe=False),
+    _flag("DTYPE", "str", "--dtype", recipe=False),
+    _flag(
+        "CHUNKED_PREFILL",
+        "bool",
+        "--enable-chunked-prefill (1) / --no-enable-chunked-prefill (0)",
+        recipe=False,
+    ),
+    _flag(
+        "KV_CACHE_DTYPE",
+        "str",
+        "--kv-cache-dtype (auto = bf16; quantized MLA KV breaks past ~2K tokens)",
+        recipe=False,
+    ),
+    _flag("OFFLOAD_BACKEND", "str", "--offload-backend: auto | prefetch | uva", recipe=False),
+    _flag("CPU_OFFLOAD_PARAMS", "str", "--cpu-offload-params: which parameters are offloaded", recipe=False),
+    _flag("COMPILATION_MODE", "int", "mode inside --compilation-config (0 = no torch.compile)", recipe=False),
+    _flag(
+        "FLASHINFER_AUTOTUNE",
+        "bool",
+        "--enable-flashinfer-autotune (1) / --no-enable-flashinfer-autotune (0)",
+        recipe=False,
+    ),
+    _flag("LANGUAGE_MODEL_ONLY", "bool", "--language-model-only: skip the multimodal tower", recipe=False),
+    _flag("SKIP_MM_PROFILING", "bool", "--skip-mm-profiling", recipe=False),
+    _flag("TOOL_CALL_PARSER", "str", "--tool-call-parser", recipe=False),
+    _flag("AUTO_TOOL_CHOICE", "bool", "--enable-auto-tool-choice", recipe=False),
+    _flag("REASONING_PARSER", "str", "--reasoning-parser", recipe=False),
+    _flag("ENFORCE_EAGER", "bool", "--enforce-eager: no graph capture or compile (fast start)", recipe=False),
+    # The recipe's engine environment (ExLlamaV3 expert cache and kernels, GLM-5.3 overlay switches). The
+    # recipe names these keys without their values; where neither it nor the planner defines a format, the key
+    # takes any string (a recipe .env must load unchanged) and its meaning here is read from its name.
+    _env("EXL3_DYNAMIC_LRU", "per-layer LRU cache of routed experts on the GPU"),
+    _env("EXL3_DYNAMIC_LRU_MAX_LAYER_ID", "last layer that gets an LRU expert cache"),
+    _env("EXL3_DYNAMIC_LRU_MAX_TOKENS", "batch size above which the LRU path is bypassed"),
+    _env("EXL3_LRU_CAPACITY_PLAN", "LAYER:SLOTS:PINNED per MoE layer, comma-separated (planner output)"),
+    _env("EXL3_VMM_HOT_RANKINGS", "hot-expert rankings file: {layer: [expert ids, hottest first]}", "path"),
+    _env("EXL3_VMM_HOT_EXPERTS", "GPU slots per layer for hot experts"),
+    _env(
+        "EXL3_PINNED_FRAC", "fraction of host expert pool pinned (the recipe pins the hottest 20%)", "float"
+    ),
+    _env("VLLM_UVA_OFFLOAD_EXACT_HOST_REGISTER", "register exactly the offloaded host pages for UVA"),
+    _env("EXL3_LRU_GATHER_IMPL", "kernel that gathers missed experts into cache slots"),
+    _env("EXL3_LRU_GATHER_BLOCK", "gather kernel block size"),
+    _env("EXL3_LRU_GATHER_WARPS", "gather kernel warps"),
+    _env("EXL3_LRU_FUSED_GATHER", "fuse the gather into the MoE launch"),
+    _env("EXL3_LRU_OVERLAP", "overlap expert copies with compute"),
+    _env("EXL3_LRU_COPY_STREAM_PRIORITY", "CUDA stream priority of expert copies"),
+    _env("EXL3_LRU_HYBRID_PREFILL", "prefill uses GPU-cached and host experts together"),
+    _env("EXL3_LRU_SLRU_PROTECTED_PCT", "segmented-LRU protected share, percent"),
+    _env("EXL3_LRU_LOG_EVERY", "log cache statistics every N steps (0 = never)"),
+    _env("EXL3_PREFETCH_K", "experts prefetched ahead per layer"),
+    _env(
+        "EXL3_HYBRID_CPU",
+        "CPU expert-pool threads: a CPU list per tensor-parallel rank, ';' between ranks (planner)",
+    ),
+    _env(
+        "EXL3_HYBRID_LAYERS",
+        "MoE layers that may run missed experts on the CPU pool, list format (planner output)",
+    ),
+    _env("EXL3_HYBRID_GPU_FRAC", "share of expert work kept on the GPU in hybrid mode"),
+    _env("EXL3_HYBRID_ADMIT_CPU", "admit CPU-served experts into the GPU cache"),
+    _env("EXL3_HYBRID_FUSED_SUBMIT", "submit CPU expert work in one call per layer"),
+    _env("EXL3_HYBRID_OVERLAP_GATHER", "overlap CPU expert work with the GPU gather"),
+    _env("OMP_NUM_THREADS", "OpenMP threads: the CPU pool's threads per rank (planner output)", "int"),
+    _env("EXL3_PREFILL_DMA_STAGE_EXPERTS", "experts staged per DMA batch during prefill"),
+    _env("EXL3_PREFILL_DMA_MIN_TOKENS", "prefill size from which experts are streamed by DMA"),
+    _env("EXL3_PREFILL_DMA_FAT_MODE", "DMA prefill through the fat kernel"),
+    _env("EXL3_FUSED_MOE", "fused EXL3 MoE kernel"),
+    _env("EXL3_MOE_GEMV", "GEMV kernel for single-token MoE"),
+    _env("EXL3_BF16_IO", "bf16 activations in and out of EXL3 kernels"),
+    _env("EXL3_FUSED_DECODE_ROUTE_PREP", "fuse routing preparation into decode"),
+    _env("EXL3_MERGED_QKV", "merged QKV projection"),
+    _env("EXL3_MOE_HIT_GROUPS", "kernel groups for cache-hit experts"),
+    _env("EXL3_MOE_MISS_GROUPS", "kernel groups for cache-miss experts"),
+    _env("EXL3_MOE_MAX_SMS_PER_EXPERT", "SM cap per expert"),
+    _env("EXL3_MOE_DECODE_GROUPS", "kernel groups in decode"),
+    _env("EXL3_MOE_DECODE_GROUPS_MAX_TOKENS", "batch size up to which decode groups apply"),
+    _env("EXL3_MOE_PREFILL_HOT_GROUPS", "kernel groups for hot experts in prefill"),
+    _env("EXL3_MOE_PREFILL_COLD_GROUPS", "kernel groups for cold experts in prefill"),
+    _env("EXL3_MOE_PREFILL_HYBRID_GROUPS", "kernel groups for hybrid experts in prefill"),
+    _env("EXL3_MOE_ROW_TILE", "row tile of the MoE kernel"),
+    _env("EXL3_TEMP_ROWS_FUSED", "temporary rows of the fused kernel"),
+    _env("EXL3_FAT_KERNEL", "one kernel for all experts of a layer"),
+    _env("EXL3_FAT_BATCHED", "batched variant of the fat kernel"),
+    _env("EXL3_FAT_SORTED", "sort tokens by expert for the fat kernel"),
+    _env("EXL3_MULTILINEAR_GATE_UP", "gate and up projections in one multilinear call"),
+    _env("EXL3_MULTILINEAR_MAX_ROWS", "row cap of the multilinear call"),
+    _env("EXL3_DETERMINISTIC_MOE", "deterministic MoE reduction order"),
+    _env("VLLM_DISABLE_SHARED_EXPERTS_STREAM", "run the shared expert on the main stream"),
+    _env("GLM53_FAST_MHC", "fused multi-head compression of the GLM-5.3 overlay"),
+    _env("GLM53_FAST_ROUTER", "fused router"),
+    _env("GLM53_FAST_TOPK", "fused top-k"),
+    _env("GLM53_SKIP_DUP_ROUTER", "skip the duplicated router pass"),
+    _env("GLM53_SPARSE_MLA_KV_SPLITS", "KV splits of sparse MLA decode"),
+    _env("VLLM_GLM53_SM86_TILELANG_MHC", "TileLang MHC kernel on sm_86"),
+    _env("VLLM_GLM53_SM86_MLA_QUERY_CHUNK", "MLA query chunk on sm_86"),
+    _env("VLLM_GLM53_INDEXER_HEADS", "sparse-attention indexer heads computed per pass"),
+    _env("VLLM_GLM53_INDEXER_WS_BY_SEQS", "indexer workspace sized by sequences"),
+    _env("VLLM_GLM53_EMBED_UVA", "embedding table in host memory through UVA"),
+    _env("VLLM_GLM53_DETERMINISTIC_TOPK", "deterministic indexer top-k"),
+    _env("VLLM_KV_CACHE_LAYOUT", "KV cache layout (e.g. NHD / HND)"),
+    _env("VLLM_DEFAULT_THINKING_TOKEN_BUDGET", "thinking tokens before reasoning_end_str is forced", "int"),
+    _env("GLM53_PRESERVE_REASONING_TURNS", "assistant turns whose reasoning is kept in the prompt"),
+    # Environment glm53 adds: offline serving, and vLLM's CPU backend.
+    _env("HF_HUB_OFFLINE", "serve the verified local checkpoint; never reach the Hub", "bool", recipe=False),
+    _env("TRANSFORMERS_OFFLINE", "same for transformers", "bool", recipe=False),
+    _env("VLLM_NO_USAGE_STATS", "no usage reporting", "bool", recipe=False),
+    _env("DO_NOT_TRACK", "no usage reporting (generic switch)", "bool", recipe=False),
+    _env("VLLM_CPU_KVCACHE_SPACE", "GiB of KV cache on vLLM's CPU backend", "int", recipe=False),
+    _env(
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "CPU backend: cores the engine's OpenMP threads bind to (auto, 0-3, ...)",
+        recipe=False,
+    ),
+)
+
+KEYS: dict[str, KeySpec] = {spec.key: spec for spec in _SPECS}
+RECIPE_KEYS: tuple[str, ...] = tuple(spec.key for spec in _SPECS if spec.recipe)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class Setting(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    value: str
+    origin: Origin
+    # Where exactly: "agent-256k.env:12", "/etc/glm53.env:3", "environment", "--set".
+    source: str
+
+
+class Profile(BaseModel):
+    """A named set of values for the keys above. Empty = unset (no flag, the variable is not set)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    settings: dict[str, Setting]
+
+    def value(self, key: str) -> str:
+        if key not in KEYS:
+            raise KeyError(key)
+        setting = self.settings.get(key)
+        return setting.value if setting else ""
+
+    def is_set(self, key: str) -> bool:
+        return self.value(key) != ""
+
+    def flag_bool(self, key: str) -> bool | None:
+        raw = self.value(key)
+        return None if raw == "" else raw.lower() in _TRUE
+
+    def env_exports(self) -> dict[str, str]:
+        """The engine environment: every env-role key that has a value, in key order."""
+        return {
+            s.key: self.settings[s.key].value
+            for s in _SPECS
+            if s.role == "env" and s.key in self.settings and self.settings[s.key].value != ""
+        }
+
+
+@dataclass(frozen=True)
+class _Line:
+    key: str
+    value: str
+    lineno: int
+
+
+_DEFAULT_LINE = re.compile(r'^:\s+"\$\{(?P<key>[A-Za-z_][A-Za-z0-9_]*):=(?P<rest>.*)$')
+_ASSIGN_LINE = re.compile(r"^(?:export\s+)?(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<rest>.*)$")
+
+
+def _parse_default_word(rest: str, *, where: str) -> str:
+    """The word of `"${KEY:=word}"` as bash reads it: `\\` escapes $ ` " \\ }; a bare } ends it."""
+    out: list[str] = []
+    i = 0
+    while i < len(rest):
+        ch = rest[i]
+        if ch == "\\" and i + 1 < len(rest):
+            nxt = rest[i + 1]
+            if nxt in '$`"\\}':
+                out.append(nxt)
+            else:
+                out.append("\\" + nxt)
+            i += 2
+            continue
+        if ch in "$`":
+            raise BadInput(
+                f"{where}: expansions ($, `) are not supported in profile values",
+                hint="write the value literally, or escape the character with a backslash",
+            )
+        if ch == "}":
+            tail = rest[i + 1 :].strip()
+            if not tail.startswith('"') or (tail[1:].strip() and not tail[1:].strip().startswith("#")):
+                raise BadInput(
+                    f'{where}: expected `"` after the closing brace',
+                    hint='write lines as : "${KEY:=value}" (escape } inside the value as \\})',
+                )
+            return "".join(out)
+        if ch == '"':
+            raise BadInput(f"{where}: unescaped double quote inside the value", hint='escape it as \\"')
+        out.append(ch)
+        i += 1
+    raise BadInput(f"{where}: no closing brace", hint='write lines as : "${KEY:=value}"')
+
+
+def _parse_assign_value(rest: str, *, where: str) -> str:
+    value = rest.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        inner = value[1:-1]
+        if value[0] == '"':
+            inner = re.sub(r'\\([$`"\\])', r"\1", inner)
+        return inner
+    if " #" in value:
+        value = value.split(" #", 1)[0].rstrip()
+    if any(ch in value for ch in " \t'\""):
+        raise BadInput(
+            f"{where}: a value with spaces or quotes must be quoted as a whole",
+            hint="write KEY='value with spaces'",
+        )
+    return value
+
+
+def parse_env_text(text: str, *, source: str) -> tuple[list[_Line], list[str]]:
+    """Lines of a profile or .env file: `: "${KEY:=default}"` or `KEY=value` (also `export KEY=value`).
+
+    Returns the assignments and the comment lines (the profile's description and notes).
+    """
+    lines: list[_Line] = []
+    comments: list[str] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        where = f"{source}:{lineno}"
+        if not line:
+            continue
+        if line.startswith("#"):
+            comments.append(line.lstrip("#").strip())
+            continue
+        match = _DEFAULT_LINE.match(line)
+        if match:
+            lines.append(_Line(match["key"], _parse_default_word(match["rest"], where=where), lineno))
+            continue
+        match = _ASSIGN_LINE.match(line)
+        if match:
+            lines.append(_Line(match["key"], _parse_assign_value(match["rest"], where=where), lineno))
+            continue
+        raise BadInput(
+            f"{where}: cannot read this line: {line[:80]!r}",
+            hint='use : "${KEY:=value}" or KEY=value lines, and # for comments',
+        )
+    return lines, comments
+
+
+def unknown_key_error(key: str, *, where: str) -> BadInput:
+    close = difflib.get_close_matches(key.upper(), list(KEYS), n=4, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else "docs/serve.md lists the known keys"
+    return BadInput(f"{where}: unknown key {key!r}", hint=hint)
+
+
+def _check_value(spec: KeySpec, value: str, *, where: str) -> None:
+    if value == "":
+        return
+    bad: str | None = None
+    if spec.kind == "int":
+        if not re.fullmatch(r"-?[0-9]+", value):
+            bad = "an integer"
+    elif spec.kind == "float":
+        try:
+            float(value)
+        except ValueError:
+            bad = "a number"
+    elif spec.kind == "bool":
+        if value.lower() not in _TRUE | _FALSE:
+            bad = "1 or 0 (true/false, yes/no, on/off)"
+    elif spec.kind == "json":
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            bad = "valid JSON"
+    if bad:
+        raise BadInput(f"{where}: {spec.key}={value!r} is not {bad}", hint=f"{spec.key}: {spec.doc}")
+
+
+def _profile_text(name: str) -> str:
+    return (resources.files("glm53") / "data" / "profiles" / f"{name}.env").read_text(encoding="utf-8")
+
+
+def _profile_layers(name: str, seen: tuple[str, ...] = ()) -> tuple[str, list[Setting]]:
+    """The settings of a packaged profile, its `extends` base first; and its description."""
+    if name not in PROFILE_NAMES:
+        close = difflib.get_close_matches(name, PROFILE_NAMES, n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known profiles: {', '.join(PROFILE_NAMES)}"
+        raise BadInput(f"--profile: unknown profile {name!r}", hint=hint)
+    if name in seen:
+        raise BadInput(f"profile {name} extends itself through {' -> '.join(seen)}")
+    source = f"{name}.env"
+    lines, comments = parse_env_text(_profile_text(name), source=source)
+    description = comments[0] if comments else name
+    settings: list[Setting] = []
+    for comment in comments:
+        if comment.startswith("extends:"):
+            _, base = _profile_layers(comment.split(":", 1)[1].strip(), (*seen, name))
+            settings.extend(base)
+    for line in lines:
+        where = f"{source}:{line.lineno}"
+        if line.key not in KEYS:
+            raise unknown_key_error(line.key, where=where)
+        _check_value(KEYS[line.key], line.value, where=where)
+        settings.append(Setting(key=line.key, value=line.value, origin="profile", source=where))
+    return description, settings
+
+
+def parse_set_options(items: Sequence[str]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set MAX_MODEL_LEN=131072")
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def load_profile(
+    name: str = DEFAULT_PROFILE,
+    *,
+    environ: Mapping[str, str] | None = None,
+    env_file: tuple[Path, str] | None = None,
+    overrides: Sequence[tuple[str, str]] = (),
+    plan: Sequence[tuple[str, str, str]] = (),
+) -> Profile:
+    """Build a profile: packaged defaults, then an env file's text, the environment, then `--set` pairs.
+
+    `env_file` is (path, text): the caller reads the file, so this stays a pure function. `plan` holds the
+    planner's (key, value, where) triples; keys that are not profile keys (HYBRID_MAIN_CPUS) are skipped here:
+    they are the launch's business.
+    """
+    description, layered = _profile_layers(name)
+    settings: dict[str, Setting] = {}
+    for setting in layered:
+        settings[setting.key] = setting
+    for key, value, where in plan:
+        if key in KEYS:
+            _check_value(KEYS[key], value, where=where)
+            settings[key] = Setting(key=key, value=value, origin="plan", source=where)
+    if env_file is not None:
+        path, text = env_file
+        lines, _ = parse_env_text(text, source=str(path))
+        for line in lines:
+            where = f"{path}:{line.lineno}"
+            if line.key not in KEYS:
+                raise unknown_key_error(line.key, where=where)
+            _check_value(KEYS[line.key], line.value, where=where)
+            settings[line.key] = Setting(key=line.key, value=line.value, origin="env-file", source=where)
+    for key in KEYS:
+        if environ is not None and key in environ:
+            value = environ[key]
+            _check_value(KEYS[key], value, where=f"environment variable {key}")
+            settings[key] = Setting(key=key, value=value, origin="env", source="environment")
+    for key, value in overrides:
+        if key not in KEYS:
+            raise unknown_key_error(key, where=f"--set {key}={value}")
+        _check_value(KEYS[key], value, where=f"--set {key}")
+        settings[key] = Setting(key=key, value=value, origin="set", source="--set")
+    ordered = {spec.key: settings[spec.key] for spec in _SPECS if spec.key in settings}
+    return Profile(name=name, description=description, settings=ordered)
+
+
+def read_env_file(path: Path) -> tuple[Path, str]:
+    """Read an env file for `load_profile`, naming the file in every error."""
+    try:
+        return path, Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise BadInput(f"--env-file: {path} not found") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"--env-file: cannot read {path}: {exc}") from exc

@@ -27,7 +27,7 @@ dockerTools.streamLayeredImage {
     # (docker run -p 127.0.0.1:8000:8000 ...), so the image passes the listen-all flag explicitly.
     Entrypoint = [ (lib.getExe glm53-runtime) ];
     Cmd = [
-      "--model"
+      "--model-dir"
       "/model"
       "--host"
       "0.0.0.0"

@@ -63,7 +63,7 @@ let
       "serve"
       "--profile"
       profile
-      "--model"
+      "--model-dir"
       (toString modelDir)
       "--env-file"
       (toString envFile)

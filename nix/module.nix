@@ -113,7 +113,7 @@ in
         TRITON_CACHE_DIR = "/var/cache/glm53/triton";
       };
       serviceConfig = {
-        ExecStartPre = "${lib.getExe' cfg.package "glm53"} doctor --profile ${cfg.profile} --model ${cfg.modelDir} --port ${toString cfg.port}";
+        ExecStartPre = "${lib.getExe' cfg.package "glm53"} doctor --profile ${cfg.profile} --model-dir ${cfg.modelDir} --port ${toString cfg.port}";
         ExecStart = lib.escapeShellArgs ([ (lib.getExe' cfg.package "glm53") ] ++ args ++ [ "--skip-preflight" ]);
         LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ "api-key:${cfg.apiKeyFile}" ];
         Restart = "on-failure";

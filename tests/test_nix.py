@@ -98,7 +98,7 @@ def test_unset_pin_stops_evaluation_naming_the_lock_field() -> None:
 def test_serve_args_keep_loopback_unless_told() -> None:
     local = json.loads(nix_eval(lib_expr(
         'lib.serveArgs { profile = "agent-256k"; modelDir = "/srv/m"; envFile = "/e"; }')).stdout)
-    assert local == ["serve", "--profile", "agent-256k", "--model", "/srv/m", "--env-file", "/e",
+    assert local == ["serve", "--profile", "agent-256k", "--model-dir", "/srv/m", "--env-file", "/e",
                      "--host", "127.0.0.1", "--port", "8000"]
     remote = json.loads(nix_eval(lib_expr(
         'lib.serveArgs { profile = "agent-256k"; modelDir = "/m"; envFile = "/e"; host = "0.0.0.0"; '

@@ -118,7 +118,7 @@ _SPECS: tuple[KeySpec, ...] = (
     _env("EXL3_VMM_HOT_RANKINGS", "hot-expert rankings file: {layer: [expert ids, hottest first]}", "path"),
     _env("EXL3_VMM_HOT_EXPERTS", "GPU slots per layer for hot experts"),
     _env(
-        "EXL3_PINNED_FRAC", "fraction of host expert pool pinned (the recipe pins the hottest 20%)", "float"
+        "EXL3_PINNED_FRAC", "pinned share of the GPU expert slots (planner output; the recipe used 0.2)", "float"
     ),
     _env("VLLM_UVA_OFFLOAD_EXACT_HOST_REGISTER", "register exactly the offloaded host pages for UVA"),
     _env("EXL3_LRU_GATHER_IMPL", "kernel that gathers missed experts into cache slots"),

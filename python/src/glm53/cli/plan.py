@@ -78,7 +78,7 @@ def _state_dir() -> Path:
 def plan(
     ctx: typer.Context,
     model: Annotated[
-        Path | None, typer.Option("--model", help="Checkpoint directory (default: published facts).")
+        Path | None, typer.Option("--model-dir", "-m", help="Checkpoint directory (default: published facts).")
     ] = None,
     stats: Annotated[
         Path | None, typer.Option("--stats", help="Routing trace (JSONL) or counts (JSON).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import BaseModel
@@ -18,6 +18,9 @@ from glm53.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput
 from glm53.output import Output
 from glm53.profiles import DEFAULT_PROFILE, PROFILE_NAMES, Profile
 from glm53.vllm_flags import FlagCheck
+
+if TYPE_CHECKING:
+    from glm53.plan.planner import GpuSpec
 
 ProfileOpt = Annotated[
     str, typer.Option("--profile", "-p", help=f"Serving profile: {', '.join(PROFILE_NAMES)}.")
@@ -88,7 +91,29 @@ def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
     return values, PlanInput(env=others, cpu_affinity=affinity)
 
 
-def prepare(req: ServeRequest, *, dry_run: bool) -> tuple[LaunchSpec, str | None, Profile]:
+PlanLayer = tuple[list[tuple[str, str, str]], PlanInput]
+
+
+def plan_on_this_host(
+    profile: Profile, model_dir: Path | None, *, gpus: list[GpuSpec] | None = None, root: Path = Path("/")
+) -> PlanLayer:
+    """What the recipe's entrypoint did before exec: plan the expert pools for this host and profile.
+
+    Used when a GPU profile is served without --plan-env; the plan's values layer over the profile exactly as a
+    `glm53 plan --env` file would.
+    """
+    from glm53.plan.env import plan_serving_env
+    from glm53.profiles import KEYS
+
+    env, affinity = plan_serving_env(profile, model_dir=model_dir, gpus=gpus, root=root)
+    values = [(key, value, "plan (this host)") for key, value in env.items() if key in KEYS]
+    others = {key: value for key, value in env.items() if key not in KEYS}
+    return values, PlanInput(env=others, cpu_affinity=list(affinity) or None)
+
+
+def prepare(
+    req: ServeRequest, *, dry_run: bool, plan_layer: PlanLayer | None = None
+) -> tuple[LaunchSpec, str | None, Profile]:
     """Load the profile and inputs (bad input raises BadInput before anything starts); build the launch."""
     from glm53.exec_server import read_api_key
     from glm53.launch import build_launch
@@ -96,7 +121,12 @@ def prepare(req: ServeRequest, *, dry_run: bool) -> tuple[LaunchSpec, str | None
     from glm53.vllm_flags import vllm_command
 
     env_file = read_env_file(req.env_file) if req.env_file is not None else None
-    plan_values, plan = read_plan(req.plan_env) if req.plan_env is not None else ([], None)
+    if plan_layer is not None:
+        plan_values, plan = plan_layer
+    elif req.plan_env is not None:
+        plan_values, plan = read_plan(req.plan_env)
+    else:
+        plan_values, plan = [], None
     profile = load_profile(
         req.profile,
         environ=os.environ,
@@ -173,6 +203,12 @@ def run_serve(req: ServeRequest, *, dry_run: bool = False, json_out: bool = Fals
         return
     if not req.skip_preflight:
         preflight(req, spec, profile, out)
+    from glm53.doctor import requirements_for
+
+    if req.plan_env is None and requirements_for(profile).gpus > 0:
+        layer = plan_on_this_host(profile, req.model_dir)
+        spec, api_key, profile = prepare(req, dry_run=False, plan_layer=layer)
+        out.info(f"planned expert pools for this host: {len(layer[0]) + len(layer[1].env)} values")
     if not req.skip_flag_check:
         check = check_flags(spec.argv)
         if check.checked:

@@ -17,25 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput
 from glm53.fsutil import read_json
+from glm53.safetensors_header import DTYPE_SIZES
 
 DEFAULT_ARCHITECTURE = "glm53-flash-exl3-3.05bpw"
-_DTYPE_SIZES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
 _EXPERT_KEY = re.compile(
     r"^(?P<prefix>.+)\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\.(?P<rest>.+)$"
 )
@@ -60,7 +44,7 @@ class ExpertTensor(_Frozen):
 
     @property
     def nbytes(self) -> int:
-        return _DTYPE_SIZES[self.dtype] * math.prod(self.shape)
+        return DTYPE_SIZES[self.dtype] * math.prod(self.shape)
 
     def bytes_per_rank(self, tp: int) -> int:
         """Bytes of this tensor on one of `tp` ranks.
@@ -230,7 +214,7 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise BadInput(
-            f"no *.safetensors files in {model_dir}", hint="point --model at the checkpoint directory"
+            f"no *.safetensors files in {model_dir}", hint="point --model-dir at the checkpoint directory"
         )
     layouts: dict[int, dict[int, list[ExpertTensor]]] = {}
     replicated = sharded = mtp = total = 0

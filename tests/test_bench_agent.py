@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import load_summary
 from glm53.bench.stream import StreamOutcome, ToolCall, Usage
 from glm53.errors import BadInput
+from tests.support.bench_fixtures import QuietHandler, serve_http
 from tests.support.cli import run_glm53
 
 
@@ -181,20 +180,13 @@ def test_sessions_grow_their_prefix_and_feed_back_the_scripted_results() -> None
     assert 0 < section.prefix_cache_hit_pct < 100
 
 
-class _ChatHandler(BaseHTTPRequestHandler):
+class _ChatHandler(QuietHandler):
     """A minimal OpenAI-compatible server: every chat turn streams a `list_files` call and its usage."""
 
     max_model_len = 8192
     requests = 0
     prompt_chars = 0
     refuse = False
-
-    def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:
         cls = type(self)
@@ -211,10 +203,9 @@ class _ChatHandler(BaseHTTPRequestHandler):
             self._send(404, b"{}")
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        body = self._read_json()
         if self.path == "/tokenize":
-            tokens = [ord(c) % 251 + 1 for c in body["prompt"]]
-            self._send(200, json.dumps({"count": len(tokens), "tokens": tokens}).encode())
+            self._send_char_tokens(body["prompt"])
             return
         cls = type(self)
         cls.requests += 1
@@ -233,21 +224,13 @@ class _ChatHandler(BaseHTTPRequestHandler):
         stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
         self._send(200, stream.encode(), "text/event-stream")
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
 def chat_server() -> Iterator[str]:
     _ChatHandler.requests, _ChatHandler.prompt_chars, _ChatHandler.max_model_len = 0, 0, 8192
     _ChatHandler.refuse = False
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_ChatHandler) as url:
+        yield url
 
 
 def _agent(url: str, out: Path, *extra: str) -> Any:

@@ -4,29 +4,20 @@ invalid runs are reported with their reasons, the report is written, the exit co
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from glm53.bench.report import load_summary
+from tests.support.bench_fixtures import QuietHandler, serve_http
 from tests.support.cli import run_glm53
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     """/v1/models and /tokenize work; completions alternate between HTTP 503 and a stream cut short."""
 
     calls = 0
-
-    def _json(self, status: int, payload: object) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":
@@ -35,9 +26,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": "not here"}})
 
     def do_POST(self) -> None:
-        body = json.loads(
-            self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"
-        )
+        body = self._read_json()
         if self.path == "/tokenize":
             self._json(
                 200, {"count": 64, "max_model_len": 2048, "tokens": list(range(1, 65))}
@@ -54,20 +43,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         assert body["stream"] is True  # then the connection closes without [DONE]
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
 def flaky_server() -> Iterator[str]:
     _Handler.calls = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Handler) as url:
+        yield url
 
 
 def test_broken_runs_are_kept_with_reasons_and_exit_1(

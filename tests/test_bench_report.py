@@ -8,9 +8,7 @@ import math
 import os
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from glm53.bench.report import (
 )
 from glm53.bench.runner import RunRecord, RunSection, ShapeResult, best_of, run_gates
 from glm53.errors import BadInput
+from tests.support.bench_fixtures import QuietHandler, serve_http
 from tests.support.cli import run_glm53
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -256,17 +255,10 @@ def _run_section(*, decode: float) -> RunSection:
 # --- the commands against a small well-behaved server -----------------------------------------------------
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     """/v1/models, /tokenize, and /v1/completions streaming exactly the tokens asked for."""
 
     completions = 0
-
-    def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":
@@ -275,10 +267,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"{}")
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        body = self._read_json()
         if self.path == "/tokenize":
-            tokens = [ord(c) % 251 + 1 for c in body["prompt"]]
-            self._send(200, json.dumps({"count": len(tokens), "tokens": tokens}).encode())
+            self._send_char_tokens(body["prompt"])
             return
         type(self).completions += 1
         n = int(body["max_tokens"])
@@ -290,20 +281,12 @@ class _Handler(BaseHTTPRequestHandler):
         stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
         self._send(200, stream.encode(), "text/event-stream")
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
 def steady_server() -> Iterator[str]:
     _Handler.completions = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Handler) as url:
+        yield url
 
 
 def _bench_run(url: str, out: Path, *extra: str) -> Any:

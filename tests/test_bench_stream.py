@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -18,6 +16,7 @@ from glm53.bench.client import BenchClient
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.runner import RunSection, Shape, judge_run, run_benchmark
 from glm53.bench.stream import StreamAccumulator
+from tests.support.bench_fixtures import QuietHandler, serve_http
 
 PROMPT, OUTPUT = 16, 4
 
@@ -231,7 +230,7 @@ def test_mocked_timeout() -> None:
     assert reason is not None and reason.startswith("timed out after 5 s")
 
 
-class _StallingHandler(BaseHTTPRequestHandler):
+class _StallingHandler(QuietHandler):
     """Sends the headers and one event, then stays silent longer than the client's read timeout."""
 
     def do_POST(self) -> None:
@@ -243,17 +242,10 @@ class _StallingHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
         time.sleep(1.5)
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 def test_real_read_timeout_on_a_silent_server() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _StallingHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        host, port = server.server_address[:2]
-        with BenchClient(f"http://{host!s}:{port}", timeout_s=0.3) as client:
+    with serve_http(_StallingHandler) as url:
+        with BenchClient(url, timeout_s=0.3) as client:
             started = time.perf_counter()
             outcome = client.stream("/v1/completions", {"prompt": [1]})
         assert time.perf_counter() - started < 1.4
@@ -265,9 +257,6 @@ def test_real_read_timeout_on_a_silent_server() -> None:
         )
         valid, reason = judge_run(outcome, Shape(prompt_tokens=1, output_tokens=2))
         assert not valid and reason == outcome.error
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_refused_connection() -> None:

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from glm53.bench.agent import AgentSection
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.report import Summary
 from glm53.bench.runner import RUN_FAIL_OVER, RUN_FAIL_UNDER, run_gates
@@ -130,19 +131,24 @@ def compare_summaries(a: Summary, b: Summary, *, a_label: str = "A", b_label: st
             )
         )
     if a.agent is not None or b.agent is not None:
-        for agent_metric in AGENT_METRICS:
-            rows.append(
-                _row(
-                    "agent",
-                    "session",
-                    agent_metric,
-                    getattr(a.agent, agent_metric) if a.agent else None,
-                    getattr(b.agent, agent_metric) if b.agent else None,
-                )
-            )
+        rows.extend(_agent_rows(a.agent, b.agent))
     if not rows:
         raise BadInput("neither report has a section to compare", hint="run `glm53 bench run` first")
     return Comparison(a_label=a_label, b_label=b_label, rows=rows)
+
+
+def _agent_rows(a: RecipeAgent | AgentSection | None, b: AgentSection | None) -> list[ComparisonRow]:
+    """One row per agent metric; a side without an agent section (None) has no values."""
+    return [
+        _row(
+            "agent",
+            "session",
+            metric,
+            getattr(a, metric) if a is not None else None,
+            getattr(b, metric) if b is not None else None,
+        )
+        for metric in AGENT_METRICS
+    ]
 
 
 def compare_to_recipe(
@@ -169,16 +175,7 @@ def compare_to_recipe(
         for metric in METRICS:
             rows.append(_row("run", f"{key[0]}:{key[1]}", metric, None, mine[key][metric]))
     if summary.agent is not None:
-        for agent_metric in AGENT_METRICS:
-            rows.append(
-                _row(
-                    "agent",
-                    "session",
-                    agent_metric,
-                    getattr(recipe.agent, agent_metric),
-                    getattr(summary.agent, agent_metric),
-                )
-            )
+        rows.extend(_agent_rows(recipe.agent, summary.agent))
     return Comparison(a_label=f"recipe ({profile})", b_label=label, rows=rows)
 
 

@@ -7,7 +7,7 @@ Each command writes its section of OUT/summary.json (atomically; other sections 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -99,6 +99,39 @@ def _environment(info: ServerInfo, profile: str | None, env_file: Path | None, o
     return collect_environment(info, profile=profile, env_file=env_file)
 
 
+@contextmanager
+def _measure(
+    base_url: str,
+    timeout: float,
+    api_key: str | None,
+    model: str | None,
+    profile: str | None,
+    env_file: Path | None,
+    out_dir: Path,
+) -> Iterator[tuple[BenchClient, ServerInfo, Environment]]:
+    """Connect, and yield the client, the server and the environment recorded for the report; the client
+    is closed on leaving."""
+    client, info = _connect(base_url, timeout, api_key, model)
+    with client:
+        # First, so that a bad --serve-profile, --env-file or --out fails before anything is measured.
+        yield client, info, _environment(info, profile, env_file, out_dir)
+
+
+def _thresholds(
+    fail_under: str | None,
+    under_allowed: Mapping[str, str],
+    fail_over: str | None,
+    over_allowed: Mapping[str, str],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """--fail-under and --fail-over, parsed against the metrics each may name."""
+    from glm53.bench.gates import parse_thresholds
+
+    return (
+        parse_thresholds(fail_under, under_allowed, flag="--fail-under"),
+        parse_thresholds(fail_over, over_allowed, flag="--fail-over"),
+    )
+
+
 def _finish(
     out: Output,
     section: str,
@@ -167,7 +200,6 @@ def run_cmd(
 
     Example: glm53 bench run --base-url http://127.0.0.1:8000 --fail-under decode=45
     """
-    from glm53.bench.gates import parse_thresholds
     from glm53.bench.prompts import PROMPT_STYLES, PromptFactory
     from glm53.bench.render import run_tables
     from glm53.bench.report import write_section
@@ -184,13 +216,9 @@ def run_cmd(
     if style not in PROMPT_STYLES:
         raise BadInput(f"--style {style!r} is not one of {', '.join(PROMPT_STYLES)}")
     parsed = parse_shapes(shapes)
-    under = parse_thresholds(fail_under, RUN_FAIL_UNDER, flag="--fail-under")
-    over = parse_thresholds(fail_over, RUN_FAIL_OVER, flag="--fail-over")
+    under, over = _thresholds(fail_under, RUN_FAIL_UNDER, fail_over, RUN_FAIL_OVER)
     out = Output(json_mode=json_out)
-    client, info = _connect(base_url, timeout, api_key, model)
-    with client:
-        # First, so that a bad --serve-profile, --env-file or --out fails before anything is measured.
-        environment = _environment(info, serve_profile, env_file, out_dir)
+    with _measure(base_url, timeout, api_key, model, serve_profile, env_file, out_dir) as (client, info, environment):
         check_fits(parsed, info.max_model_len)
         prompts = PromptFactory(client, info.model)
         out.info(f"benchmarking {info.model} at {info.base_url}: {len(parsed)} shapes x {runs} runs")
@@ -275,23 +303,22 @@ def needle_cmd(
     parsed_sizes, parsed_depths = parse_sizes(sizes), parse_depths(depths)
     under = parse_thresholds(fail_under, NEEDLE_FAIL_UNDER, flag="--fail-under")
     out = Output(json_mode=json_out)
-    client, info = _connect(base_url, timeout, api_key, model)
-    with client:
-        # First, so that a bad --serve-profile, --env-file or --out fails before anything is measured.
-        environment = _environment(info, serve_profile, env_file, out_dir)
-        with _progress(out, len(parsed_sizes) * len(parsed_depths), "needles") as step:
-            section = run_needles(
-                client,
-                PromptFactory(client, info.model),
-                info.model,
-                parsed_sizes,
-                parsed_depths,
-                max_tokens=max_tokens,
-                max_model_len=info.max_model_len,
-                on_result=lambda r: step(
-                    f"  {r.size_tokens} @ {r.depth:.2f}: {'pass' if r.passed else r.reason}"
-                ),
-            )
+    with (
+        _measure(base_url, timeout, api_key, model, serve_profile, env_file, out_dir) as (client, info, environment),
+        _progress(out, len(parsed_sizes) * len(parsed_depths), "needles") as step,
+    ):
+        section = run_needles(
+            client,
+            PromptFactory(client, info.model),
+            info.model,
+            parsed_sizes,
+            parsed_depths,
+            max_tokens=max_tokens,
+            max_model_len=info.max_model_len,
+            on_result=lambda r: step(
+                f"  {r.size_tokens} @ {r.depth:.2f}: {'pass' if r.passed else r.reason}"
+            ),
+        )
     gates = needle_gates(section, under)
     path = write_section(out_dir, environment, needle=section, gates={"needle": gates})
     payload = {
@@ -328,17 +355,16 @@ def coherence_cmd(
     from glm53.bench.report import write_section
 
     out = Output(json_mode=json_out)
-    client, info = _connect(base_url, timeout, api_key, model)
-    with client:
-        # First, so that a bad --serve-profile, --env-file or --out fails before anything is measured.
-        environment = _environment(info, serve_profile, env_file, out_dir)
-        with _progress(out, len(PROBES), "prompts") as step:
-            section = run_coherence(
-                client,
-                info.model,
-                max_tokens=max_tokens,
-                on_result=lambda r: step(f"  {r.name}: {'pass' if r.passed else r.reason}"),
-            )
+    with (
+        _measure(base_url, timeout, api_key, model, serve_profile, env_file, out_dir) as (client, info, environment),
+        _progress(out, len(PROBES), "prompts") as step,
+    ):
+        section = run_coherence(
+            client,
+            info.model,
+            max_tokens=max_tokens,
+            on_result=lambda r: step(f"  {r.name}: {'pass' if r.passed else r.reason}"),
+        )
     gates = coherence_gates(section)
     path = write_section(out_dir, environment, coherence=section, gates={"coherence": gates})
     payload = {"summary": str(path), "coherence": section.model_dump(mode="json")}
@@ -381,20 +407,15 @@ def agent_cmd(
     Example: glm53 bench agent --fail-under cache-hit=60
     """
     from glm53.bench.agent import AGENT_FAIL_OVER, AGENT_FAIL_UNDER, agent_gates, load_script, run_agent
-    from glm53.bench.gates import parse_thresholds
     from glm53.bench.prompts import PromptFactory
     from glm53.bench.render import agent_tables
     from glm53.bench.report import write_section
     from glm53.errors import BadInput
 
     script = load_script().first(tasks)
-    under = parse_thresholds(fail_under, AGENT_FAIL_UNDER, flag="--fail-under")
-    over = parse_thresholds(fail_over, AGENT_FAIL_OVER, flag="--fail-over")
+    under, over = _thresholds(fail_under, AGENT_FAIL_UNDER, fail_over, AGENT_FAIL_OVER)
     out = Output(json_mode=json_out)
-    client, info = _connect(base_url, timeout, api_key, model)
-    with client:
-        # First, so that a bad --serve-profile, --env-file or --out fails before anything is measured.
-        environment = _environment(info, serve_profile, env_file, out_dir)
+    with _measure(base_url, timeout, api_key, model, serve_profile, env_file, out_dir) as (client, info, environment):
         if info.max_model_len is not None and system_tokens + max_tokens >= info.max_model_len:
             raise BadInput(
                 f"--system-tokens {system_tokens} + --max-tokens {max_tokens} leave no room for the "
@@ -466,12 +487,10 @@ def compare_cmd(
         compare_summaries,
         compare_to_recipe,
     )
-    from glm53.bench.gates import parse_thresholds
     from glm53.bench.render import comparison_table
     from glm53.bench.report import load_summary
 
-    under = parse_thresholds(fail_under, COMPARE_FAIL_UNDER, flag="--fail-under")
-    over = parse_thresholds(fail_over, COMPARE_FAIL_OVER, flag="--fail-over")
+    under, over = _thresholds(fail_under, COMPARE_FAIL_UNDER, fail_over, COMPARE_FAIL_OVER)
     first = load_summary(a)
     if b is None:
         candidate, candidate_path = first, a

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from glm53.errors import BadInput, Glm53Error
+from glm53.errors import BadInput, Glm53Error, invalid_document
 from glm53.fsutil import atomic_write_json, read_json, resolve_inside, safe_relative_path
 from glm53.hashing import HashProgress, hash_with_cache
 from glm53.safetensors_header import MAX_HEADER_SIZE, parse_header_bytes, read_safetensors_header
@@ -130,11 +130,7 @@ def load_lock(path: Path) -> CheckpointLock:
     try:
         return CheckpointLock.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise BadInput(
-            f"checkpoint lock {path}: {where}: {first['msg']}", hint="regenerate it with `glm53 model lock`"
-        ) from exc
+        raise invalid_document(exc, f"checkpoint lock {path}", hint="regenerate it with `glm53 model lock`") from exc
 
 
 def write_lock(lock: CheckpointLock, path: Path, *, force: bool = False) -> None:

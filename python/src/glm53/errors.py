@@ -10,6 +10,11 @@ The CLI turns them into a one-line message plus a hint at a single boundary (`gl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class Glm53Error(Exception):
     exit_code = 1
@@ -32,4 +37,11 @@ class UnsupportedHost(Glm53Error):
     exit_code = 3
 
 
-__all__ = ["BadInput", "CheckFailed", "Glm53Error", "UnsupportedHost"]
+def invalid_document(exc: ValidationError, source: str, *, hint: str | None = None) -> BadInput:
+    """A pydantic validation failure of a file or document, as BadInput naming the first bad field."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "top level"
+    return BadInput(f"{source}: {where}: {first['msg']}", hint=hint)
+
+
+__all__ = ["BadInput", "CheckFailed", "Glm53Error", "UnsupportedHost", "invalid_document"]

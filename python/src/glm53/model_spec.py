@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
 
 _SPEC_PACKAGE = "glm53"
@@ -132,9 +132,7 @@ def read_checkpoint_config(model_dir: Path) -> CheckpointConfig | None:
             index_kpool=text.get("index_kpool"),
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise BadInput(f"model config {path}: field {field}: {first['msg']}") from exc
+        raise invalid_document(exc, f"model config {path}") from exc
 
 
 def detect_model_spec(config: CheckpointConfig | None) -> ModelSpec | None:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from glm53.errors import BadInput, UnsupportedHost
+from glm53.errors import BadInput, UnsupportedHost, invalid_document
 from glm53.fsutil import read_json
 
 LOCK_NAME = "repro.lock.json"
@@ -165,9 +165,7 @@ def load_repro_lock(path: Path | None = None) -> ReproLock:
     try:
         return ReproLock.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise BadInput(f"{path}: {where}: {first['msg']}", hint="fix that field of the lock") from exc
+        raise invalid_document(exc, str(path), hint="fix that field of the lock") from exc
 
 
 def repro_lock_sha256(path: Path | None = None) -> str | None:

@@ -27,7 +27,7 @@ from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.stream import StreamOutcome, decode_rate
-from glm53.errors import BadInput
+from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
 
 TASKS_SCHEMA: Literal["glm53.agent-tasks/1"] = "glm53.agent-tasks/1"
@@ -137,9 +137,7 @@ def parse_script(raw: Any, *, source: str) -> AgentScript:
     try:
         return AgentScript.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "top level"
-        raise BadInput(f"{source}: {where}: {first['msg']}", hint="fix the agent task file") from exc
+        raise invalid_document(exc, source, hint="fix the agent task file") from exc
 
 
 def load_script(path: Path | None = None) -> AgentScript:

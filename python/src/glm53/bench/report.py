@@ -29,7 +29,7 @@ from glm53.bench.coherence import CoherenceSection
 from glm53.bench.gates import GateResult
 from glm53.bench.needle import NeedleSection
 from glm53.bench.runner import RunSection
-from glm53.errors import BadInput
+from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import atomic_write_json, read_json
 
 SCHEMA_VERSION: Literal["glm53.bench/1"] = "glm53.bench/1"
@@ -192,11 +192,7 @@ def load_summary(path: Path) -> Summary:
     try:
         return Summary.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "top level"
-        raise BadInput(
-            f"{path}: {where}: {first['msg']}", hint="the file is not a glm53 bench summary"
-        ) from exc
+        raise invalid_document(exc, str(path), hint="the file is not a glm53 bench summary") from exc
 
 
 def _non_finite(value: Any, where: str = "") -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
 from glm53.safetensors_header import DTYPE_SIZES
 
@@ -292,10 +292,7 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
             "down-projections replicated; other quantized projections and the vocabulary split",
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise BadInput(
-            f"model config {config_path}: {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        ) from exc
+        raise invalid_document(exc, f"model config {config_path}") from exc
 
 
 def model_facts(model_dir: Path | None) -> ModelFacts:

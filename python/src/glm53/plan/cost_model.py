@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
 from glm53.plan.checkpoint_facts import ModelFacts
 from glm53.plan.kv_budget import KvDerivation
@@ -70,11 +70,7 @@ def read_probe_bandwidth(path: Path, kind: MemoryKind = "pinned") -> Bandwidth:
     try:
         report = ProbeReport.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise BadInput(
-            f"probe report {path}: field {'.'.join(map(str, first['loc']))}: {first['msg']}",
-            hint="write it with `glm53 probe --json > FILE`",
-        ) from exc
+        raise invalid_document(exc, f"probe report {path}", hint="write it with `glm53 probe --json > FILE`") from exc
     if report.format != PROBE_FORMAT:
         raise BadInput(f"probe report {path}: format {report.format!r} is not {PROBE_FORMAT!r}")
     rates = [r for r in report.results if r.kind == kind]

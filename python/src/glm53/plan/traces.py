@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import atomic_write_bytes, atomic_write_json, read_json
 
 TRACE_FORMAT = "glm53-routing-trace"
@@ -188,11 +188,7 @@ def read_counts(path: Path) -> RoutingCounts:
     try:
         counts = RoutingCounts.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise BadInput(
-            f"routing counts {path}: field {'.'.join(map(str, first['loc']))}: {first['msg']}",
-            hint="see docs/plan.md for the counts format",
-        ) from exc
+        raise invalid_document(exc, f"routing counts {path}", hint="see docs/plan.md for the counts format") from exc
     if counts.format != COUNTS_FORMAT:
         raise BadInput(f"routing counts {path}: format {counts.format!r} is not {COUNTS_FORMAT!r}")
     for layer, values in counts.layers.items():

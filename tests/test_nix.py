@@ -21,10 +21,12 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (.ci/run installs nix-bin)"),
 ]
 
-NIX_ENV = {
-    **os.environ,
-    "NIX_CONFIG": "experimental-features = nix-command flakes\nsubstituters =\nsandbox = false",
-}
+# Everything the tests need from Nix's configuration, set here rather than taken from how the host set Nix up:
+# root without a daemon builds as itself (Debian's nix-bin creates the nixbld group only through a Recommends).
+NIX_CONFIG = "experimental-features = nix-command flakes\nsubstituters =\nsandbox = false" + (
+    "\nbuild-users-group =" if os.geteuid() == 0 else ""
+)
+NIX_ENV = {**os.environ, "NIX_CONFIG": NIX_CONFIG}
 
 
 def nix_eval(expr: str, *, raw: bool = False) -> subprocess.CompletedProcess[str]:
@@ -131,6 +133,19 @@ def test_audit_build_flags_a_nondeterministic_derivation(tmp_path: Path) -> None
     assert report["reproducible"] is False
     assert "differs" in report["detail"]
     assert "not bit-for-bit reproducible" in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the build-users group is only looked up for root")
+def test_audit_build_explains_a_missing_build_users_group(tmp_path: Path) -> None:
+    env = {**NIX_ENV, "NIX_CONFIG": NIX_CONFIG + "\nbuild-users-group = glm53-no-such-group"}
+    result = subprocess.run(
+        [str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "glm53"), "repro", "audit-build",
+         "--file", str(FIXTURES / "deterministic.nix"), "--nix-arg=--argstr", "--nix-arg=salt",
+         f"--nix-arg={tmp_path.name}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3, result.stderr
+    first, hint = result.stderr.strip().splitlines()[:2]
+    assert first == "error: nix cannot build: its build-users-group 'glm53-no-such-group' does not exist on this host"
+    assert "NIX_CONFIG='build-users-group ='" in hint
 
 
 def test_rendered_settings_are_what_glm53_reads(tmp_path: Path) -> None:

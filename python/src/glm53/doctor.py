@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.host.gpus import GpuInfo, NoGpu, read_gpus
 from glm53.host.memory import HostMemory, read_host_memory
+from glm53.host.native_libs import MissingLibrary, describe_missing, missing_engine_libraries
 from glm53.profiles import Profile
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -102,6 +103,8 @@ class HostFacts(BaseModel):
     model_detail: str | None = None
     index_ok: bool | None = None
     index_detail: str | None = None
+    # Shared libraries the engine's extension modules need and the loader cannot find; None: not checked.
+    engine_libraries_missing: list[MissingLibrary] | None = None
 
 
 # ---------------------------------------------------------------- readers (I/O, everything under `root`)
@@ -242,6 +245,7 @@ def read_facts(
     port: int | None = None,
     model_dir: Path | None = None,
     gpu_reader: Callable[[], list[GpuInfo]] = read_gpus,
+    engine_libraries: Callable[[], list[MissingLibrary]] = missing_engine_libraries,
     machine: str | None = None,
 ) -> HostFacts:
     memory: HostMemory | None = None
@@ -274,6 +278,7 @@ def read_facts(
         "host": host,
         "port": port,
         "port_error": port_error(host, port) if port is not None else None,
+        "engine_libraries_missing": engine_libraries(),
     }
     if model_dir is not None:
         verified, detail, index_ok, index_detail = read_model(model_dir)
@@ -594,8 +599,22 @@ def check_model(f: HostFacts) -> list[Check]:
     return checks
 
 
+ENGINE_LIBRARIES_CHECK = "engine libraries"
+
+
+def check_engine_libraries(f: HostFacts) -> Check:
+    if f.engine_libraries_missing is None:
+        return Check(name=ENGINE_LIBRARIES_CHECK, status="skip", detail="not checked")
+    if not f.engine_libraries_missing:
+        return Check(
+            name=ENGINE_LIBRARIES_CHECK, status="ok", detail="every shared library vLLM and torch link is found"
+        )
+    detail, fix = describe_missing(f.engine_libraries_missing)
+    return Check(name=ENGINE_LIBRARIES_CHECK, status="fail", detail=detail, fix=fix)
+
+
 def run_checks(facts: HostFacts, need: Requirements, *, profile: str | None = None) -> DoctorReport:
-    checks: list[Check] = [check_platform(facts)]
+    checks: list[Check] = [check_platform(facts), check_engine_libraries(facts)]
     checks += check_gpus(facts, need)
     checks += [check_ram(facts, need), check_memlock(facts, need)]
     checks += check_shm(facts)

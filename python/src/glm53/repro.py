@@ -300,6 +300,22 @@ def _nix_env() -> dict[str, str]:
     return env
 
 
+_MISSING_BUILD_GROUP = re.compile(r"the group '([^']*)' specified in 'build-users-group' does not exist")
+
+
+def _explain_nix_setup(stderr: str) -> None:
+    """Nix set-up problems of the host (not of the build), each as one line with its fix (exit 3)."""
+    missing = _MISSING_BUILD_GROUP.search(stderr)
+    if missing:
+        group = missing.group(1)
+        raise UnsupportedHost(
+            f"nix cannot build: its build-users-group '{group}' does not exist on this host",
+            hint=f"as root without a nix daemon, build as root: NIX_CONFIG='build-users-group =' glm53 repro "
+            f"audit-build ...; or create the group and its build users (Debian: apt-get install "
+            f"nix-setup-systemd, or groupadd -r {group})",
+        )
+
+
 def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | None = None) -> BuildAudit:
     """Build once, then rebuild and compare bit for bit (`nix build --rebuild`)."""
     # --json rather than --print-out-paths: the latter is newer than the Nix 2.8 some hosts still run.
@@ -312,6 +328,7 @@ def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | N
     except FileNotFoundError as exc:
         raise UnsupportedHost("nix is not installed", hint="install Nix (2.8 or newer)") from exc
     if first.returncode != 0:
+        _explain_nix_setup(first.stderr)
         raise BadInput(f"nix could not build {label}: {first.stderr.strip()[-800:]}")
     try:
         built = json.loads(first.stdout)

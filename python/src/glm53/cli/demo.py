@@ -49,6 +49,9 @@ def demo_cmd(
     out = Output(json_mode=json_out)
     check_host(host, listen_all=False)
     if not prepare_only:
+        from glm53.host.native_libs import require_engine_libraries
+
+        require_engine_libraries()
         from glm53.doctor import port_error
 
         problem = port_error(host, port)

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.cli.options import JsonOpt
-from glm53.doctor import DoctorReport
+from glm53.doctor import ENGINE_LIBRARIES_CHECK, DoctorReport
+from glm53.errors import UnsupportedHost
 from glm53.launch import DEFAULT_HOST, DEFAULT_PORT
 from glm53.output import Output
 from glm53.profiles import DEFAULT_PROFILE, PROFILE_NAMES
@@ -55,9 +56,10 @@ def doctor_cmd(
     ] = Path("/"),
     json_out: JsonOpt = False,
 ) -> None:
-    """Check GPUs (NVML), memory, memlock, /dev/shm, THP, CPU features, kernel, port and the checkpoint.
+    """Check the engine's libraries, GPUs (NVML), memory, memlock, /dev/shm, THP, CPU, kernel, port, checkpoint.
 
-    Exit 0 when nothing failed (warnings allowed), 1 when a check failed.
+    Exit 0 when nothing failed (warnings allowed), 1 when a check failed, 3 when the engine cannot load
+    (a shared library it links is missing).
 
     Examples:
       glm53 doctor
@@ -73,6 +75,9 @@ def doctor_cmd(
     report = run_checks(facts, requirements_for(loaded), profile=profile)
     payload = report.model_dump(mode="json") | {"ok": report.ok, "facts": facts.model_dump(mode="json")}
     out.result(payload, lambda console: render_report(console, report))
+    engine = next(c for c in report.checks if c.name == ENGINE_LIBRARIES_CHECK)
+    if engine.status == "fail":
+        raise UnsupportedHost(engine.detail, hint=engine.fix)
     if not report.ok:
         raise typer.Exit(1)
 

@@ -188,6 +188,10 @@ def run_serve(req: ServeRequest, *, dry_run: bool = False, json_out: bool = Fals
 
     out = Output(json_mode=json_out)
     spec, api_key, profile = prepare(req, dry_run=dry_run)
+    if not dry_run:
+        from glm53.host.native_libs import require_engine_libraries
+
+        require_engine_libraries()
     if dry_run:
         values = {
             key: {"value": s.value, "origin": s.origin, "source": s.source}

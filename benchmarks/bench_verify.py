@@ -24,10 +24,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from glm53 import hashing
-from glm53.checkpoint_lock import LOCK_FILENAME, lock_from_directory, write_lock
-from glm53.hashing import default_jobs, sha256_file
-from glm53.verify import verify_checkpoint
+from glm53.checkpoint import hashing
+from glm53.checkpoint.hashing import default_jobs, sha256_file
+from glm53.checkpoint.lock import LOCK_FILENAME, lock_from_directory, write_lock
+from glm53.checkpoint.verify import verify_checkpoint
 
 
 def write_shards(root: Path, total_bytes: int, shard_bytes: int) -> list[Path]:

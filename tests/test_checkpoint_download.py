@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
 
-from glm53.checkpoint_lock import (
+from glm53.checkpoint.hub import download_checkpoint, partial_path
+from glm53.checkpoint.lock import (
     LOCK_FILENAME,
     load_lock,
     lock_from_directory,
     write_lock,
 )
-from glm53.hub_download import download_checkpoint, partial_path
 from tests.support.cli import run_glm53
 from tests.support.fake_hub import FakeHub, serve_fake_hub
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from glm53.checkpoint.safetensors_header import MAX_HEADER_SIZE, read_safetensors_header
 from glm53.errors import BadInput
-from glm53.safetensors_header import MAX_HEADER_SIZE, read_safetensors_header
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
 

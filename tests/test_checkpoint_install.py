@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from glm53.index_repair import check_index, install
-from glm53.safetensors_header import read_safetensors_header
+from glm53.checkpoint.index_repair import check_index, install
+from glm53.checkpoint.safetensors_header import read_safetensors_header
 from tests.support.cli import run_glm53
 from tests.support.tiny_glm53 import (
     TinySpec,

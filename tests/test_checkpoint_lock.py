@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from glm53.checkpoint_lock import LOCK_FILENAME, load_lock, lock_from_directory
+from glm53.checkpoint.lock import LOCK_FILENAME, load_lock, lock_from_directory
+from glm53.checkpoint.safetensors_header import read_safetensors_header
 from glm53.errors import BadInput
-from glm53.safetensors_header import read_safetensors_header
 from tests.support.cli import run_glm53
 from tests.support.fake_hub import FakeHub, serve_fake_hub
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from glm53 import hashing
-from glm53.checkpoint_lock import LOCK_FILENAME, lock_from_directory, write_lock
+from glm53.checkpoint import hashing
+from glm53.checkpoint.hashing import StatCache, hash_files, sha256_file
+from glm53.checkpoint.index_repair import install
+from glm53.checkpoint.lock import LOCK_FILENAME, lock_from_directory, write_lock
+from glm53.checkpoint.verify import verify_checkpoint
 from glm53.errors import BadInput
-from glm53.hashing import StatCache, hash_files, sha256_file
-from glm53.index_repair import install
-from glm53.verify import verify_checkpoint
 from tests.support.cli import run_glm53
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.doctor import (
+from glm53.host.doctor import (
     DoctorReport,
     HostFacts,
     read_facts,
@@ -20,7 +20,7 @@ from glm53.doctor import (
     run_checks,
 )
 from glm53.host.gpus import NoGpu, read_gpus
-from glm53.profiles import load_profile
+from glm53.serve.profiles import load_profile
 from tests.support.cli import run_glm53
 from tests.support.fake_nvml import FakeGpu, FakeNvml, two_3090s
 
@@ -188,7 +188,8 @@ def test_real_host_memlock_comes_from_resource_limits(tmp_path: Path) -> None:
     # Lower the real RLIMIT_MEMLOCK in a child and let doctor read the real /proc/self/limits there.
     code = (
         "import resource, json; resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536)); "
-        "from glm53.doctor import read_memlock; from pathlib import Path; print(json.dumps(read_memlock(Path('/'))))"
+        "from glm53.host.doctor import read_memlock; from pathlib import Path; "
+        "print(json.dumps(read_memlock(Path('/'))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -232,7 +233,7 @@ def test_cli_json_and_exit_codes() -> None:
 
 
 def test_model_dir_verified_through_the_lock(tmp_path: Path) -> None:
-    from glm53.checkpoint_lock import default_lock_path, lock_from_directory, write_lock
+    from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
 
     model = tmp_path / "m"
     model.mkdir()
@@ -262,8 +263,8 @@ def test_model_dir_verified_through_the_lock(tmp_path: Path) -> None:
 def test_upstream_index_fails_until_install_repairs_it(tmp_path: Path) -> None:
     # A checkpoint laid out like the real EXL3 one, whose index (like upstream's) omits kpool_aux and mtp:
     # verified against its lock, the index check fails with the install fix; after `install` both pass.
-    from glm53.checkpoint_lock import default_lock_path, lock_from_directory, write_lock
-    from glm53.index_repair import install
+    from glm53.checkpoint.index_repair import install
+    from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
     from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
     model = write_tiny_glm53_checkpoint(tmp_path / "ck")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from glm53.chat_template import bounded_template_path
 from glm53.errors import BadInput
-from glm53.launch import FLAG_KEYS, PlanInput, build_launch, environment_for_exec
-from glm53.profiles import KEYS, load_profile
+from glm53.serve.chat_template import bounded_template_path
+from glm53.serve.launch import FLAG_KEYS, PlanInput, build_launch, environment_for_exec
+from glm53.serve.profiles import KEYS, load_profile
 
 RECIPE = json.loads(
     (Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text()
@@ -184,8 +184,8 @@ def test_exec_replaces_the_process_with_env_affinity_and_key(tmp_path: Path) -> 
     script = textwrap.dedent(f"""
         import os, sys
         from pathlib import Path
-        from glm53.exec_server import exec_launch, read_api_key
-        from glm53.launch import LaunchSpec
+        from glm53.serve.exec import exec_launch, read_api_key
+        from glm53.serve.launch import LaunchSpec
         spec = LaunchSpec(profile="cpu-tiny", argv=[sys.executable, "-c", {probe!r}, "serve", "--port", "1"],
                           env={{"VLLM_CPU_KVCACHE_SPACE": "1"}}, origins={{}}, cpu_affinity=[{cpus[0]}],
                           host="127.0.0.1", port=1, api_key=True)
@@ -208,7 +208,7 @@ def test_exec_replaces_the_process_with_env_affinity_and_key(tmp_path: Path) -> 
 
 
 def test_api_key_file_problems_are_bad_input(tmp_path: Path) -> None:
-    from glm53.exec_server import read_api_key
+    from glm53.serve.exec import read_api_key
 
     with pytest.raises(BadInput, match="not found"):
         read_api_key(tmp_path / "missing")
@@ -273,7 +273,7 @@ def test_plan_file_from_the_planner_layers_over_the_profile(tmp_path: Path) -> N
 
 
 def test_flag_check_cache_key_ignores_model_host_and_port() -> None:
-    from glm53.vllm_flags import cache_key_args
+    from glm53.serve.flags import cache_key_args
 
     a = cache_key_args(["/m1", "--host", "127.0.0.1", "--port", "8000", "--dtype", "bfloat16"])
     b = cache_key_args(["/m2", "--host", "::1", "--port", "8123", "--dtype", "bfloat16"])

@@ -9,7 +9,7 @@ import pytest
 from glm53.errors import BadInput
 from glm53.plan.env import env_lines, parse_capacity_plan, plan_serving_env
 from glm53.plan.planner import detect_gpus
-from glm53.profiles import load_profile
+from glm53.serve.profiles import load_profile
 from tests.support.fake_nvml import FakeNvml, two_3090s
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

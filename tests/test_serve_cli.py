@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.checkpoint_lock import default_lock_path, lock_from_directory, write_lock
+from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
 from tests.support.cli import run_glm53
 from tests.support.server import free_port
 
@@ -26,14 +26,14 @@ RECIPE = json.loads(
 @pytest.fixture(autouse=True)
 def never_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests expect serve to stop before exec; if it ever got that far, fail instead of replacing pytest."""
-    import glm53.exec_server
+    import glm53.serve.exec
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError(
             "serve reached exec in a test that expected it to stop before"
         )
 
-    monkeypatch.setattr(glm53.exec_server, "exec_launch", refuse)
+    monkeypatch.setattr(glm53.serve.exec, "exec_launch", refuse)
 
 
 def _locked_dir(tmp_path: Path) -> Path:
@@ -258,7 +258,7 @@ def test_demo_refuses_to_replace_a_directory_that_is_not_its_model(
 def test_flags_are_checked_by_vllms_own_parser() -> None:
     pytest.importorskip("vllm")
     from glm53.errors import BadInput
-    from glm53.vllm_flags import check_flags
+    from glm53.serve.flags import check_flags
 
     argv = [
         "vllm",

@@ -7,7 +7,7 @@ from pathlib import Path
 from glm53.cli.serve import ServeRequest, plan_on_this_host, prepare
 from glm53.host.topology import parse_cpu_list
 from glm53.plan.planner import GpuSpec
-from glm53.profiles import load_profile
+from glm53.serve.profiles import load_profile
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 GIB = 2**30

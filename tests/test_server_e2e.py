@@ -66,7 +66,7 @@ def test_health_and_models(vllm_server: VllmServer) -> None:
 def test_serve_execs_vllm_with_no_wrapper_left(vllm_server: VllmServer) -> None:
     # `glm53 serve` replaced itself with vLLM: the pid we started now runs vLLM's CLI, nothing else.
     argv = _cmdline(vllm_server.process.pid)
-    assert "glm53.vllm_launcher" in argv and "serve" in argv
+    assert "glm53.serve.launcher" in argv and "serve" in argv
     assert "--enforce-eager" in argv and argv[argv.index("--host") + 1] == "127.0.0.1"
     assert not any(part.endswith("/glm53") for part in argv)
     env = Path(f"/proc/{vllm_server.process.pid}/environ").read_bytes().split(b"\0")

@@ -264,7 +264,7 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
 def _profile_findings(lock: ReproLock) -> list[Finding]:
     """The default profile's values must be the lock's runtime pins."""
     try:
-        from glm53.profiles import load_profile
+        from glm53.serve.profiles import load_profile
     except ImportError:
         return []
     profile = load_profile(lock.runtime.default_profile, environ={})

@@ -35,7 +35,7 @@ from glm53.fsutil import atomic_write_json, read_json
 SCHEMA_VERSION: Literal["glm53.bench/1"] = "glm53.bench/1"
 SUMMARY_NAME = "summary.json"
 
-# Engine and planner settings worth recording besides the profile keys (glm53.profiles.KEYS); values of keys
+# Engine and planner settings worth recording besides the profile keys (glm53.serve.profiles.KEYS); values of keys
 # that look secret are never copied.
 _PLAN_PREFIXES = ("EXL3_", "GLM53_", "VLLM_", "HYBRID_", "CUDA_", "OMP_")
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
@@ -113,7 +113,7 @@ def collect_environment(
 
 def resolved_plan(profile: str | None, env: dict[str, str], env_file: Path | None) -> dict[str, PlanSetting]:
     """The serving profile as `glm53 serve` would resolve it here, each value with where it came from."""
-    from glm53.profiles import DEFAULT_PROFILE, load_profile, read_env_file
+    from glm53.serve.profiles import DEFAULT_PROFILE, load_profile, read_env_file
 
     loaded = load_profile(
         profile or DEFAULT_PROFILE, environ=env, env_file=read_env_file(env_file) if env_file else None
@@ -137,9 +137,9 @@ def plan_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _profile_keys() -> frozenset[str]:
-    """Every key a serving profile may set (glm53.profiles), so the report shows the plan in force."""
+    """Every key a serving profile may set (glm53.serve.profiles), so the report shows the plan in force."""
     try:
-        from glm53.profiles import KEYS
+        from glm53.serve.profiles import KEYS
     except (ImportError, AttributeError):
         return frozenset()
     return frozenset(KEYS)

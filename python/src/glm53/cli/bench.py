@@ -87,7 +87,7 @@ def _connect(
 def _environment(info: ServerInfo, profile: str | None, env_file: Path | None, out_dir: Path) -> Environment:
     from glm53.bench.report import collect_environment, ensure_same_server, prepare_out_dir
     from glm53.errors import BadInput
-    from glm53.profiles import PROFILE_NAMES
+    from glm53.serve.profiles import PROFILE_NAMES
 
     if profile is not None and profile not in PROFILE_NAMES:
         raise BadInput(

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from glm53.cli.options import JsonOpt
-from glm53.launch import DEFAULT_HOST, DEFAULT_PORT
 from glm53.output import Output
+from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
 
 
 def demo_cmd(
@@ -18,7 +18,7 @@ def demo_cmd(
         typer.Option(
             "--model-dir",
             "-m",
-            help="Where the tiny model lives (default: $XDG_CACHE_HOME/glm53/demo/glm53-tiny).",
+            help="Where the tiny model lives (default: $XDG_CACHE_HOME/glm53/serve/demo/glm53-tiny).",
         ),
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = DEFAULT_HOST,
@@ -43,8 +43,8 @@ def demo_cmd(
       glm53 demo --prepare-only --model-dir /tmp/tiny --json
     """
     from glm53.cli.serve import ServeRequest, run_serve
-    from glm53.demo import TINY_MODEL_NAME, prepare_demo_model, sample_request
-    from glm53.launch import check_host
+    from glm53.serve.demo import TINY_MODEL_NAME, prepare_demo_model, sample_request
+    from glm53.serve.launch import check_host
 
     out = Output(json_mode=json_out)
     check_host(host, listen_all=False)
@@ -52,7 +52,7 @@ def demo_cmd(
         from glm53.host.native_libs import require_engine_libraries
 
         require_engine_libraries()
-        from glm53.doctor import port_error
+        from glm53.host.doctor import port_error
 
         problem = port_error(host, port)
         if problem is not None:

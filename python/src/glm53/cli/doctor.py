@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.cli.options import JsonOpt
-from glm53.doctor import ENGINE_LIBRARIES_CHECK, DoctorReport
 from glm53.errors import UnsupportedHost
-from glm53.launch import DEFAULT_HOST, DEFAULT_PORT
+from glm53.host.doctor import ENGINE_LIBRARIES_CHECK, DoctorReport
 from glm53.output import Output
-from glm53.profiles import DEFAULT_PROFILE, PROFILE_NAMES
+from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
+from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
@@ -66,8 +66,8 @@ def doctor_cmd(
       glm53 doctor --profile cpu-tiny --port 8001
       glm53 doctor --model-dir /models/glm53 --json
     """
-    from glm53.doctor import read_facts, requirements_for, run_checks
-    from glm53.profiles import load_profile
+    from glm53.host.doctor import read_facts, requirements_for, run_checks
+    from glm53.serve.profiles import load_profile
 
     out = Output(json_mode=json_out)
     loaded = load_profile(profile, environ={})

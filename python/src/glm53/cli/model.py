@@ -53,7 +53,7 @@ def lock_cmd(
     From the Hub, without downloading weights:
     glm53 model lock --from-hub turboderp/GLM-5.3-Flash-exl3 --revision REV --out glm53.lock.json
     """
-    from glm53.checkpoint_lock import default_lock_path, lock_from_directory, lock_from_hub, write_lock
+    from glm53.checkpoint.lock import default_lock_path, lock_from_directory, lock_from_hub, write_lock
     from glm53.cli.progress import byte_progress
 
     out = Output(json_mode=json_out)
@@ -109,8 +109,8 @@ def download_cmd(
 
     Resumable across runs: an interrupted file continues from the bytes already on disk.
     """
+    from glm53.checkpoint.hub import download_checkpoint
     from glm53.cli.progress import byte_progress
-    from glm53.hub_download import download_checkpoint
 
     out = Output(json_mode=json_out)
     try:
@@ -156,8 +156,8 @@ def verify_cmd(
 
     Exit 0 all good, 1 a mismatch, 2 bad input.
     """
+    from glm53.checkpoint.verify import verify_checkpoint
     from glm53.cli.progress import byte_progress
-    from glm53.verify import verify_checkpoint
 
     out = Output(json_mode=json_out)
     with byte_progress(out, "verifying") as progress:
@@ -206,7 +206,7 @@ def install_cmd(
 
     A second run changes nothing. --check exits 1 when the index is incomplete or inconsistent.
     """
-    from glm53.index_repair import install
+    from glm53.checkpoint.index_repair import install
 
     out = Output(json_mode=json_out)
     result = install(model_dir, check_only=check)

@@ -154,7 +154,7 @@ def plan(
     if env and json_mode:
         raise BadInput("--env and --json both print to stdout: choose one")
     if profile is not None:
-        from glm53.profiles import load_profile
+        from glm53.serve.profiles import load_profile
 
         base = shape_from_profile(load_profile(profile))
     else:

@@ -27,7 +27,7 @@ def probe(
     from rich.table import Table
 
     from glm53.fsutil import atomic_write_json
-    from glm53.probe import timed_probe
+    from glm53.host.probe import timed_probe
 
     output = Output(json_mode=json_mode)
     report, seconds = timed_probe(block_bytes, repeats, device)

@@ -17,7 +17,7 @@ from rich.table import Table
 from glm53.cli.options import JsonOpt
 from glm53.cli.serve import EnvFileOpt, ProfileOpt, SetOpt
 from glm53.output import Output
-from glm53.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile, parse_set_options, read_env_file
+from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile, parse_set_options, read_env_file
 
 profile_app = typer.Typer(help="List and check serving profiles.", no_args_is_help=True)
 

@@ -20,7 +20,7 @@ from glm53.output import Output
 
 
 class ByteProgress:
-    """Implements glm53.hashing.HashProgress (and glm53.hub_download.DownloadProgress) on a rich Progress,
+    """Implements glm53.checkpoint.hashing.HashProgress (and glm53.checkpoint.hub.DownloadProgress) on a rich Progress,
     whose updates are thread-safe."""
 
     def __init__(self, progress: Progress, description: str) -> None:

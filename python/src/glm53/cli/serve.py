@@ -14,10 +14,10 @@ from rich.table import Table
 
 from glm53.cli.options import JsonOpt
 from glm53.errors import BadInput
-from glm53.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput
 from glm53.output import Output
-from glm53.profiles import DEFAULT_PROFILE, PROFILE_NAMES, Profile
-from glm53.vllm_flags import FlagCheck
+from glm53.serve.flags import FlagCheck
+from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput
+from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES, Profile
 
 if TYPE_CHECKING:
     from glm53.plan.planner import GpuSpec
@@ -80,7 +80,7 @@ def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
     """The planner's KEY=VALUE file: profile keys (layered over the profile), the rest (exported as they are),
     and HYBRID_MAIN_CPUS as the serving CPUs."""
     from glm53.host.topology import parse_cpu_list
-    from glm53.profiles import KEYS, parse_env_text, read_env_file
+    from glm53.serve.profiles import KEYS, parse_env_text, read_env_file
 
     _, text = read_env_file(path)
     lines, _ = parse_env_text(text, source=str(path))
@@ -103,7 +103,7 @@ def plan_on_this_host(
     `glm53 plan --env` file would.
     """
     from glm53.plan.env import plan_serving_env
-    from glm53.profiles import KEYS
+    from glm53.serve.profiles import KEYS
 
     env, affinity = plan_serving_env(profile, model_dir=model_dir, gpus=gpus, root=root)
     values = [(key, value, "plan (this host)") for key, value in env.items() if key in KEYS]
@@ -115,10 +115,10 @@ def prepare(
     req: ServeRequest, *, dry_run: bool, plan_layer: PlanLayer | None = None
 ) -> tuple[LaunchSpec, str | None, Profile]:
     """Load the profile and inputs (bad input raises BadInput before anything starts); build the launch."""
-    from glm53.exec_server import read_api_key
-    from glm53.launch import build_launch
-    from glm53.profiles import load_profile, parse_set_options, read_env_file
-    from glm53.vllm_flags import vllm_command
+    from glm53.serve.exec import read_api_key
+    from glm53.serve.flags import vllm_command
+    from glm53.serve.launch import build_launch
+    from glm53.serve.profiles import load_profile, parse_set_options, read_env_file
 
     env_file = read_env_file(req.env_file) if req.env_file is not None else None
     if plan_layer is not None:
@@ -163,7 +163,7 @@ def prepare(
 
 def preflight(req: ServeRequest, spec: LaunchSpec, profile: Profile, out: Output) -> None:
     """Run doctor's checks for this profile; any failure is bad input (exit 2) and nothing starts."""
-    from glm53.doctor import read_facts, requirements_for, run_checks
+    from glm53.host.doctor import read_facts, requirements_for, run_checks
 
     report = run_checks(
         read_facts(host=spec.host, port=spec.port, model_dir=req.model_dir),
@@ -183,8 +183,8 @@ def preflight(req: ServeRequest, spec: LaunchSpec, profile: Profile, out: Output
 
 
 def run_serve(req: ServeRequest, *, dry_run: bool = False, json_out: bool = False) -> None:
-    from glm53.exec_server import exec_launch
-    from glm53.vllm_flags import check_flags
+    from glm53.serve.exec import exec_launch
+    from glm53.serve.flags import check_flags
 
     out = Output(json_mode=json_out)
     spec, api_key, profile = prepare(req, dry_run=dry_run)
@@ -207,7 +207,7 @@ def run_serve(req: ServeRequest, *, dry_run: bool = False, json_out: bool = Fals
         return
     if not req.skip_preflight:
         preflight(req, spec, profile, out)
-    from glm53.doctor import requirements_for
+    from glm53.host.doctor import requirements_for
 
     if req.plan_env is None and requirements_for(profile).gpus > 0:
         layer = plan_on_this_host(profile, req.model_dir)
@@ -301,7 +301,7 @@ def serve_cmd(
       glm53 serve --model-dir /models/glm53 --profile agent-256k
       glm53 serve --profile agent-256k --dry-run
       glm53 serve --model-dir DIR --set MAX_MODEL_LEN=131072 --api-key-file ~/.config/glm53/key
-      glm53 serve --profile cpu-tiny --model-dir ~/.cache/glm53/demo/glm53-tiny --port 8001
+      glm53 serve --profile cpu-tiny --model-dir ~/.cache/glm53/serve/demo/glm53-tiny --port 8001
     """
     req = ServeRequest(
         profile=profile,

@@ -96,7 +96,7 @@ def plan_serving_env(
 ) -> tuple[dict[str, str], tuple[int, ...]]:
     """For the serving entrypoint: plan the profile on this host; (env to export, CPU affinity of the server).
 
-    `profile` is a glm53.profiles.Profile (read through its `value(KEY)`); GPUs come from NVML unless given;
+    `profile` is a glm53.serve.profiles.Profile (read through its `value(KEY)`); GPUs come from NVML unless given;
     the rankings file, when routing statistics are given, goes to `out_dir`.
     """
     from glm53.plan.planner import plan_for_host, shape_from_profile

@@ -392,7 +392,7 @@ def detect_gpus(nvml: object | None = None) -> list[GpuSpec]:
 
 
 def shape_from_profile(profile: object) -> ServingShape:
-    """A ServingShape from a glm53.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
+    """A ServingShape from a glm53.serve.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
 
     Duck-typed on `value` so that the planner does not depend on the profile module.
     """

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from glm53.errors import BadInput, UnsupportedHost
-from glm53.launch import LaunchSpec, environment_for_exec
+from glm53.serve.launch import LaunchSpec, environment_for_exec
 
 
 def read_api_key(path: Path) -> str:

@@ -14,7 +14,9 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel
 
-from glm53.checkpoint_lock import (
+from glm53.checkpoint.hashing import HashProgress, hash_with_cache
+from glm53.checkpoint.index_repair import check_index
+from glm53.checkpoint.lock import (
     INDEX_BACKUP_NAME,
     INDEX_NAME,
     checkpoint_files,
@@ -23,8 +25,6 @@ from glm53.checkpoint_lock import (
 )
 from glm53.errors import BadInput
 from glm53.fsutil import resolve_inside
-from glm53.hashing import HashProgress, hash_with_cache
-from glm53.index_repair import check_index
 
 
 class SizeMismatch(BaseModel):

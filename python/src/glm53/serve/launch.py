@@ -1,6 +1,6 @@
 """Profile (+ plan) -> LaunchSpec: the exact vLLM argv, the environment to export and the CPU affinity.
 
-Pure: no file is read, nothing is started. `glm53.exec_server` carries a LaunchSpec out.
+Pure: no file is read, nothing is started. `glm53.serve.exec` carries a LaunchSpec out.
 
 The flag order follows the recipe's `config.launch`, so `agent-256k` reproduces it element for element
 except for the model path, the host (127.0.0.1 unless the caller asks for another address), the chat
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from glm53.chat_template import bounded_template_path
 from glm53.errors import BadInput
-from glm53.profiles import BUILTIN_CHAT_TEMPLATE, KEYS, Profile
+from glm53.serve.chat_template import bounded_template_path
+from glm53.serve.profiles import BUILTIN_CHAT_TEMPLATE, KEYS, Profile
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

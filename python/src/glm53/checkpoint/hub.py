@@ -26,7 +26,8 @@ from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
 
-from glm53.checkpoint_lock import (
+from glm53.checkpoint.hashing import HashProgress
+from glm53.checkpoint.lock import (
     CheckpointLock,
     LockedFile,
     default_lock_path,
@@ -37,9 +38,8 @@ from glm53.checkpoint_lock import (
     require_full_revision,
     write_lock,
 )
+from glm53.checkpoint.verify import VerifyReport, verify_checkpoint
 from glm53.errors import BadInput, CheckFailed
-from glm53.hashing import HashProgress
-from glm53.verify import VerifyReport, verify_checkpoint
 
 PARTIAL_DIR = Path(".cache") / "glm53" / "partial"
 

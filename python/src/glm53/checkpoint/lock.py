@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from glm53.checkpoint.hashing import HashProgress, hash_with_cache
+from glm53.checkpoint.safetensors_header import MAX_HEADER_SIZE, parse_header_bytes, read_safetensors_header
 from glm53.errors import BadInput, Glm53Error, invalid_document
 from glm53.fsutil import atomic_write_json, read_json, resolve_inside, safe_relative_path
-from glm53.hashing import HashProgress, hash_with_cache
-from glm53.safetensors_header import MAX_HEADER_SIZE, parse_header_bytes, read_safetensors_header
 
 LOCK_FILENAME = "checkpoint.lock.json"
 LOCK_SCHEMA_VERSION: Literal[1] = 1

@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from glm53.checkpoint_lock import INDEX_BACKUP_NAME, INDEX_NAME
+from glm53.checkpoint.lock import INDEX_BACKUP_NAME, INDEX_NAME
+from glm53.checkpoint.model_spec import CheckpointConfig, ModelSpec, detect_model_spec, read_checkpoint_config
+from glm53.checkpoint.safetensors_header import SafetensorsHeader, read_safetensors_header
 from glm53.errors import BadInput, CheckFailed
 from glm53.fsutil import atomic_write_bytes, atomic_write_json, read_json, resolve_inside, safe_relative_path
-from glm53.model_spec import CheckpointConfig, ModelSpec, detect_model_spec, read_checkpoint_config
-from glm53.safetensors_header import SafetensorsHeader, read_safetensors_header
 
 SAMPLE = 5  # names shown per problem in reports
 

@@ -1,0 +1,1 @@
+"""Serving: profiles, launch resolution (profile + plan + env -> argv, environment, affinity), exec, demo."""

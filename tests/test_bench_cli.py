@@ -115,12 +115,12 @@ def test_shape_beyond_max_model_len_is_refused_before_running(
     assert _Handler.calls == 0 and not (tmp_path / "summary.json").exists()
 
 
-def test_unreachable_server_is_exit_1(tmp_path: Path) -> None:
+def test_unreachable_server_is_exit_3(tmp_path: Path) -> None:
     result = run_glm53(
         "bench", "coherence", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path)
     )
     assert (
-        result.code == 1
+        result.code == 3
         and "cannot reach http://127.0.0.1:9/v1/models" in result.stderr
     )
 

@@ -190,7 +190,7 @@ def test_a_download_that_exhausts_its_retries_keeps_its_bytes_for_the_next_run(
     target = tmp_path / "dl"
     hub.cut_at[BIG] = DOWNLOAD_CHUNK_SIZE  # the network stays broken past the first chunk
     first = run_glm53(*download_args(target), "--json")
-    assert first.code == 1 and "cannot reach the Hub" in first.stderr
+    assert first.code == 3 and "cannot reach the Hub" in first.stderr
     tries = hub.gets(BIG)
     assert tries[0].range is None and len(tries) > 5
     assert all(r.range == f"bytes={DOWNLOAD_CHUNK_SIZE}-" for r in tries[1:])

@@ -163,6 +163,6 @@ def test_lock_from_hub_with_an_unreachable_endpoint_fails_cleanly(tmp_path: Path
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
     result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", REV, "--out", str(tmp_path / "l.json"))
-    assert result.code == 1
+    assert result.code == 3
     assert "Hub" in result.stderr
     assert not os.path.exists(tmp_path / "l.json")

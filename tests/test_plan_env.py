@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, Unavailable
 from glm53.plan.env import env_lines, parse_capacity_plan, plan_serving_env
 from glm53.plan.planner import detect_gpus
 from glm53.serve.profiles import load_profile
@@ -44,6 +44,6 @@ def test_profile_on_the_recipe_host_through_nvml() -> None:
 
 def test_no_gpu_asks_for_flags() -> None:
     assert detect_gpus(FakeNvml(init_error="Driver Not Loaded")) == []
-    with pytest.raises(BadInput, match="no NVIDIA GPU") as info:
+    with pytest.raises(Unavailable, match="no NVIDIA GPU") as info:
         plan_serving_env(load_profile("agent-256k"), gpus=[], root=HOSTS / "threadripper-5975wx-cgv2")
     assert info.value.hint is not None and "--gpu-memory" in info.value.hint

@@ -1,11 +1,14 @@
 """One error hierarchy: every error knows its exit code and the fix to suggest.
 
     Glm53Error (exit 1)
-     ├── CheckFailed          exit 1  a check ran and found a problem (mismatch, failed gate)
+     ├── CheckFailed          exit 1  a check ran and found a problem (mismatch, failed gate, failed doctor check)
+     │    └── Infeasible      exit 1  glm53.plan.planner: the request cannot be planned on this host
      ├── BadInput             exit 2  the user's input is wrong: file, field or flag; nothing was changed
-     └── UnsupportedHost      exit 3  this machine cannot do it (no GPU, vLLM missing)
+     └── Unavailable          exit 3  the environment cannot do it: no GPU, a missing library or program,
+                                      the Hub or the server unreachable
 
-The CLI turns them into a one-line message plus a hint at a single boundary (`glm53.cli.main`).
+The CLI turns them into a one-line message plus a hint at a single boundary (`glm53.cli.main`); commands
+leave through these classes only, never through a bare exit code.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class BadInput(Glm53Error):
     exit_code = 2
 
 
-class UnsupportedHost(Glm53Error):
+class Unavailable(Glm53Error):
     exit_code = 3
 
 
@@ -44,4 +47,4 @@ def invalid_document(exc: ValidationError, source: str, *, hint: str | None = No
     return BadInput(f"{source}: {where}: {first['msg']}", hint=hint)
 
 
-__all__ = ["BadInput", "CheckFailed", "Glm53Error", "UnsupportedHost", "invalid_document"]
+__all__ = ["BadInput", "CheckFailed", "Glm53Error", "Unavailable", "invalid_document"]

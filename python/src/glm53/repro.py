@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from glm53.errors import BadInput, UnsupportedHost, invalid_document
+from glm53.errors import BadInput, Unavailable, invalid_document
 from glm53.fsutil import read_json
 
 LOCK_NAME = "repro.lock.json"
@@ -308,7 +308,7 @@ def _explain_nix_setup(stderr: str) -> None:
     missing = _MISSING_BUILD_GROUP.search(stderr)
     if missing:
         group = missing.group(1)
-        raise UnsupportedHost(
+        raise Unavailable(
             f"nix cannot build: its build-users-group '{group}' does not exist on this host",
             hint=f"as root without a nix daemon, build as root: NIX_CONFIG='build-users-group =' glm53 repro "
             f"audit-build ...; or create the group and its build users (Debian: apt-get install "
@@ -326,7 +326,7 @@ def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | N
     try:
         first = subprocess.run(args, capture_output=True, text=True, env=_nix_env())
     except FileNotFoundError as exc:
-        raise UnsupportedHost("nix is not installed", hint="install Nix (2.8 or newer)") from exc
+        raise Unavailable("nix is not installed", hint="install Nix (2.8 or newer)") from exc
     if first.returncode != 0:
         _explain_nix_setup(first.stderr)
         raise BadInput(f"nix could not build {label}: {first.stderr.strip()[-800:]}")

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from glm53.bench.sse import SSEParser
 from glm53.bench.stream import StreamAccumulator, StreamOutcome
-from glm53.errors import BadInput, CheckFailed
+from glm53.errors import BadInput, CheckFailed, Unavailable
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
@@ -154,7 +154,7 @@ class BenchClient:
         try:
             response = self._http.get(path)
         except httpx.HTTPError as exc:
-            raise CheckFailed(
+            raise Unavailable(
                 f"cannot reach {self.base_url}{path}: {exc}", hint="start the server, or pass --base-url"
             ) from exc
         return _json_or_fail(response, self.base_url + path)
@@ -163,7 +163,7 @@ class BenchClient:
         try:
             response = self._http.post(path, json=body)
         except httpx.HTTPError as exc:
-            raise CheckFailed(
+            raise Unavailable(
                 f"cannot reach {self.base_url}{path}: {exc}", hint="start the server, or pass --base-url"
             ) from exc
         return _json_or_fail(response, self.base_url + path)

@@ -8,7 +8,7 @@ from typing import Any
 
 from glm53.bench.compare import RecipePoint
 from glm53.bench.runner import RunSection
-from glm53.errors import UnsupportedHost
+from glm53.errors import Unavailable
 from glm53.fsutil import atomic_write_bytes
 
 TTFT_PNG = "ttft_vs_context.png"
@@ -19,7 +19,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:
-        raise UnsupportedHost(
+        raise Unavailable(
             "matplotlib is not installed", hint="pip install 'glm53[plots]', or pass --no-plots"
         ) from exc
     matplotlib.use("Agg")

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from glm53.checkpoint.hashing import HashProgress, hash_with_cache
 from glm53.checkpoint.safetensors_header import MAX_HEADER_SIZE, parse_header_bytes, read_safetensors_header
-from glm53.errors import BadInput, Glm53Error, invalid_document
+from glm53.errors import BadInput, Glm53Error, Unavailable, invalid_document
 from glm53.fsutil import atomic_write_json, read_json, resolve_inside, safe_relative_path
 
 LOCK_FILENAME = "checkpoint.lock.json"
@@ -298,10 +298,12 @@ def hub_errors(repo: str, revision: str) -> Iterator[None]:
     except EntryNotFoundError as exc:
         raise BadInput(f"a file of {where} is missing on the Hub: {exc}") from exc
     except HfHubHTTPError as exc:
-        raise Glm53Error(f"the Hub failed for {where}: {exc}", hint="try again later") from exc
+        if exc.response is not None and exc.response.status_code < 500:
+            raise BadInput(f"the Hub refused a request for {where}: {exc}") from exc
+        raise Unavailable(f"the Hub failed for {where}: {exc}", hint="try again later") from exc
     except Exception as exc:
         if isinstance(exc, OSError) or type(exc).__module__.startswith(("httpx", "httpcore")):
-            raise Glm53Error(
+            raise Unavailable(
                 f"cannot reach the Hub for {where}: {exc}", hint="check the network, or HF_ENDPOINT"
             ) from exc
         raise

@@ -251,7 +251,7 @@ def run_cmd(
 def _plots(out: Output, section: Any, out_dir: Path) -> list[Path]:
     from glm53.bench.compare import recipe_performance
     from glm53.bench.plots import write_plots
-    from glm53.errors import BadInput, UnsupportedHost
+    from glm53.errors import BadInput, Unavailable
 
     recipe = recipe_performance()
     try:
@@ -261,7 +261,7 @@ def _plots(out: Output, section: Any, out_dir: Path) -> list[Path]:
             recipe=recipe.profiles[recipe.default_profile],
             recipe_label=f"recipe ({recipe.default_profile})",
         )
-    except (UnsupportedHost, BadInput) as exc:
+    except (Unavailable, BadInput) as exc:
         # The summary is written by now: a plot that cannot be written must not hide its result.
         out.warn(f"{exc.message}; plots skipped")
         return []

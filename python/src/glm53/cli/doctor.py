@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.cli.options import JsonOpt
-from glm53.errors import UnsupportedHost
+from glm53.errors import CheckFailed, Unavailable
 from glm53.host.doctor import ENGINE_LIBRARIES_CHECK, DoctorReport
 from glm53.output import Output
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
@@ -77,9 +77,10 @@ def doctor_cmd(
     out.result(payload, lambda console: render_report(console, report))
     engine = next(c for c in report.checks if c.name == ENGINE_LIBRARIES_CHECK)
     if engine.status == "fail":
-        raise UnsupportedHost(engine.detail, hint=engine.fix)
+        raise Unavailable(engine.detail, hint=engine.fix)
     if not report.ok:
-        raise typer.Exit(1)
+        raise CheckFailed(f"{len(report.failures)} check(s) failed: "
+                          + ", ".join(c.name for c in report.failures), hint="see the fix column")
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.cli.options import ForceOpt, JsonOpt, LockOpt, ModelDirArg
-from glm53.errors import BadInput
+from glm53.errors import BadInput, CheckFailed
 from glm53.output import Output
 
 model_app = typer.Typer(no_args_is_help=True, help="Lock, download, verify and install a checkpoint.")
@@ -193,7 +193,8 @@ def verify_cmd(
 
     out.result(report, render)
     if not report.ok:
-        raise typer.Exit(1)
+        raise CheckFailed(f"{model_dir} does not match its lock: {report.summary}",
+                          hint="download the listed files again (glm53 model download), or re-lock deliberately")
 
 
 @model_app.command("install")
@@ -235,7 +236,8 @@ def install_cmd(
     }
     out.result(payload, render)
     if check and not result.before.ok:
-        raise typer.Exit(1)
+        raise CheckFailed(f"the index of {model_dir} needs the repair: {result.message}",
+                          hint=f"glm53 model install {model_dir}")
 
 
 def register(app: typer.Typer) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.errors import UnsupportedHost
+from glm53.errors import Unavailable
 from glm53.host.os_packages import install_command, read_os_packages
 
 ELF_MAGIC = b"\x7fELF"
@@ -319,7 +319,7 @@ def require_engine_libraries(view: LoaderView | None = None) -> None:
     missing = missing_engine_libraries(view)
     if missing:
         message, hint = describe_missing(missing)
-        raise UnsupportedHost(message + "; nothing was started", hint=hint)
+        raise Unavailable(message + "; nothing was started", hint=hint)
 
 
 def _common_parent(paths: list[Path]) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from glm53.errors import UnsupportedHost
+from glm53.errors import Unavailable
 from glm53.plan.cost_model import PROBE_FORMAT, MemoryKind, ProbeReport, ProbeResult
 
 EXPERT_BLOCK_BYTES = 9_474_060  # one routed expert of the 3.05bpw checkpoint
@@ -23,11 +23,11 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError as exc:
-        raise UnsupportedHost(
+        raise Unavailable(
             "glm53 probe needs torch with CUDA", hint="install torch with CUDA support"
         ) from exc
     if not torch.cuda.is_available():
-        raise UnsupportedHost(
+        raise Unavailable(
             "no CUDA device is available to probe",
             hint="run `glm53 probe` on the GPU host; pass its JSON to `glm53 plan --bandwidth`",
         )

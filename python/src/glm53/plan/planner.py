@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from glm53.errors import BadInput, CheckFailed
+from glm53.errors import BadInput, CheckFailed, Unavailable
 from glm53.host.memory import HostMemory
 from glm53.host.topology import HostTopology
 from glm53.plan.cache_plan import CachePlan, plan_cache
@@ -441,7 +441,7 @@ def plan_for_host(
 
     found = gpus if gpus is not None else detect_gpus()
     if not found:
-        raise BadInput(
+        raise Unavailable(
             "no NVIDIA GPU found on this machine",
             hint="describe the GPUs with --gpu-memory 24GiB,24GiB (or --gpus 2 --gpu 24GiB)",
         )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from glm53.errors import UnsupportedHost
+from glm53.errors import Unavailable
 from glm53.plan.cache_plan import learn_from_trace
 from glm53.plan.comparison import ComparisonReport
 from glm53.plan.traces import RoutingTrace
@@ -26,7 +26,7 @@ def plot_miss_ratio_curves(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise UnsupportedHost("plots need matplotlib", hint="pip install 'glm53[plots]'") from exc
+        raise Unavailable("plots need matplotlib", hint="pip install 'glm53[plots]'") from exc
     directory.mkdir(parents=True, exist_ok=True)
     learn, _ = trace.split(learn_fraction)
     _, curves = learn_from_trace(learn)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.errors import BadInput, CheckFailed, UnsupportedHost
+from glm53.errors import BadInput, CheckFailed, Unavailable
 from glm53.serve.chat_template import bounded_template_text
 
 TINY_MODEL_NAME = "glm53-tiny"
@@ -135,7 +135,7 @@ def _train_tokenizer(out_dir: Path) -> dict[str, int]:
     tokenizer.save(str(out_dir / "tokenizer.json"))
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     if any(value is None for value in ids.values()):
-        raise UnsupportedHost("the tokenizer trainer dropped a special token", hint="upgrade `tokenizers`")
+        raise Unavailable("the tokenizer trainer dropped a special token", hint="upgrade `tokenizers`")
     return {token: int(value) for token, value in ids.items() if value is not None}
 
 
@@ -157,7 +157,7 @@ def build_tiny_checkpoint(out_dir: Path, *, seed: int = 0, force: bool = False) 
         import torch
         from transformers import AutoModelForCausalLM, Glm4MoeConfig
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise UnsupportedHost(
+        raise Unavailable(
             f"building the tiny model needs torch and transformers ({exc.name} is missing)",
             hint="install the demo extra: pip install 'glm53[demo]' (make setup does)",
         ) from exc

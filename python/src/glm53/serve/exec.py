@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from glm53.errors import BadInput, UnsupportedHost
+from glm53.errors import BadInput, Unavailable
 from glm53.serve.launch import LaunchSpec, environment_for_exec
 
 
@@ -62,7 +62,7 @@ def exec_launch(
     env = environment_for_exec(spec, os.environ if inherited is None else inherited, api_key)
     program = spec.argv[0]
     if os.sep not in program and shutil.which(program, path=env.get("PATH")) is None:
-        raise UnsupportedHost(
+        raise Unavailable(
             f"{program} not found on PATH",
             hint="install vLLM (make setup installs the CPU build) or run the recipe's image",
         )

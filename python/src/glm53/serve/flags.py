@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.errors import BadInput, UnsupportedHost
+from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text
 
 
@@ -119,7 +119,7 @@ def check_flags(argv: Sequence[str], *, use_cache: bool = True) -> FlagCheck:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError as exc:
-        raise UnsupportedHost(
+        raise Unavailable(
             f"vLLM {dist[1]} is installed but its serve parser cannot be imported: {exc}",
             hint="glm53 expects vLLM 0.32's vllm.entrypoints.launchers.cli_args",
         ) from exc

@@ -14,8 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from glm53.cli.options import JsonOpt
-from glm53.cli.serve import EnvFileOpt, ProfileOpt, SetOpt
+from glm53.cli.options import EnvFileOpt, JsonOpt, ProfileOpt, SetOpt
 from glm53.output import Output
 from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile, parse_set_options, read_env_file
 

@@ -12,46 +12,26 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from glm53.cli.options import JsonOpt
+from glm53.cli.options import (
+    ApiKeyFileOpt,
+    EnvFileOpt,
+    HostOpt,
+    JsonOpt,
+    ListenAllOpt,
+    ModelDirOpt,
+    PlanEnvOpt,
+    PortOpt,
+    ProfileOpt,
+    SetOpt,
+)
 from glm53.errors import BadInput
 from glm53.output import Output
 from glm53.serve.flags import FlagCheck
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput
-from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES, Profile
+from glm53.serve.profiles import DEFAULT_PROFILE, Profile
 
 if TYPE_CHECKING:
     from glm53.plan.planner import GpuSpec
-
-ProfileOpt = Annotated[
-    str, typer.Option("--profile", "-p", help=f"Serving profile: {', '.join(PROFILE_NAMES)}.")
-]
-HostOpt = Annotated[
-    str, typer.Option("--host", help="Address to listen on (not loopback: add --listen-all).")
-]
-PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on.")]
-ListenAllOpt = Annotated[bool, typer.Option("--listen-all", help="Allow a --host other than loopback.")]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", metavar="KEY=VALUE", help="Override one profile key (repeatable)."),
-]
-EnvFileOpt = Annotated[
-    Path | None,
-    typer.Option("--env-file", help="KEY=VALUE file over the profile (an existing recipe .env works)."),
-]
-ApiKeyFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--api-key-file", help="File holding the API key; passed to vLLM as VLLM_API_KEY, never in argv."
-    ),
-]
-PlanEnvOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--plan-env",
-        help="Host plan as KEY=VALUE lines (`glm53 plan --env`); HYBRID_MAIN_CPUS pins vLLM's CPUs.",
-    ),
-]
-
 
 class ServeRequest(BaseModel):
     """Everything `serve` needs, as given on the command line (also built by `glm53 demo`)."""
@@ -270,12 +250,7 @@ def _argv_lines(argv: list[str]) -> list[str]:
 
 
 def serve_cmd(
-    model_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--model-dir", "-m", help="The checkpoint directory (verified against its lock before serving)."
-        ),
-    ] = None,
+    model_dir: ModelDirOpt = None,
     profile: ProfileOpt = DEFAULT_PROFILE,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,

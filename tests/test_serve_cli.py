@@ -209,8 +209,9 @@ def test_port_in_use_exits_2(tmp_path: Path) -> None:
     assert f"127.0.0.1:{port} in use" in result.stderr and "--port" in result.stderr
 
 
-def test_memlock_too_low_exits_2(tmp_path: Path) -> None:
-    # The real resource limit, lowered in the child: the GPU profile pins host memory and must refuse.
+def test_memlock_too_low_exits_3(tmp_path: Path) -> None:
+    # The real resource limit, lowered in the child: the GPU profile pins host memory and must refuse. The
+    # host cannot do it (exit 3), and one run names every problem: no GPU here, too little memlock.
     model = _locked_dir(tmp_path)
     script = Path(sys.executable).with_name("glm53")
 
@@ -235,8 +236,9 @@ def test_memlock_too_low_exits_2(tmp_path: Path) -> None:
         preexec_fn=lower_memlock,
         timeout=120,
     )
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "memlock: 0.1 MiB; pinned host expert pools need unlimited" in result.stderr
+    assert "gpus: no NVIDIA GPU" in result.stderr
     assert "ulimit -l unlimited" in result.stderr
 
 

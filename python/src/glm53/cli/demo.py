@@ -23,12 +23,8 @@ def demo_cmd(
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = DEFAULT_HOST,
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = DEFAULT_PORT,
-    rebuild: Annotated[
-        bool, typer.Option("--rebuild", help="Build the model again even if it exists.")
-    ] = False,
-    prepare_only: Annotated[
-        bool, typer.Option("--prepare-only", help="Build, lock and verify; do not serve.")
-    ] = False,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Build the model again even if it exists.")] = False,
+    prepare_only: Annotated[bool, typer.Option("--prepare-only", help="Build, lock and verify; do not serve.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Serve a tiny GLM-style MoE model with real vLLM on the CPU: no GPU, no download.
@@ -42,9 +38,10 @@ def demo_cmd(
       glm53 demo --port 8001 --rebuild
       glm53 demo --prepare-only --model-dir /tmp/tiny --json
     """
-    from glm53.cli.serve import ServeRequest, run_serve
     from glm53.serve.demo import TINY_MODEL_NAME, prepare_demo_model, sample_request
     from glm53.serve.launch import check_host
+    from glm53.serve.resolve import ServeRequest
+    from glm53.serve.start import start
 
     out = Output(json_mode=json_out)
     check_host(host, listen_all=False)
@@ -68,13 +65,10 @@ def demo_cmd(
         return
     base_url = f"http://{host}:{port}"
     out.info(
-        f"starting vLLM (CPU) on {base_url}; ready in about half a minute (GET {base_url}/health). "
-        "Ctrl-C stops it."
+        f"starting vLLM (CPU) on {base_url}; ready in about half a minute (GET {base_url}/health). Ctrl-C stops it."
     )
     out.info("try:\n  " + sample_request(base_url, TINY_MODEL_NAME))
-    run_serve(
-        ServeRequest(profile="cpu-tiny", model_dir=demo.model_dir, host=host, port=port), json_out=json_out
-    )
+    start(ServeRequest(profile="cpu-tiny", model_dir=demo.model_dir, host=host, port=port), out)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,17 +6,16 @@ fails `nixos-rebuild` rather than the service start.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from glm53.cli.options import EnvFileOpt, JsonOpt, ProfileOpt, SetOpt
+from glm53.cli.options import EnvFileOpt, HostOpt, JsonOpt, ListenAllOpt, PortOpt, ProfileOpt, SetOpt
 from glm53.output import Output
-from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile, parse_set_options, read_env_file
+from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
+from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile
 
 profile_app = typer.Typer(help="List and check serving profiles.", no_args_is_help=True)
 
@@ -28,8 +27,10 @@ def register(app: typer.Typer) -> None:
 @profile_app.command("list")
 def list_profiles(json_out: JsonOpt = False) -> None:
     """The packaged profiles and what each is for."""
-    rows = [{"name": name, "default": name == DEFAULT_PROFILE,
-             "description": load_profile(name, environ={}).description} for name in PROFILE_NAMES]
+    rows = [
+        {"name": name, "default": name == DEFAULT_PROFILE, "description": load_profile(name, environ={}).description}
+        for name in PROFILE_NAMES
+    ]
 
     def render(console: Console) -> None:
         table = Table(title="profiles")
@@ -47,27 +48,41 @@ def check(
     profile: ProfileOpt = DEFAULT_PROFILE,
     env_file: EnvFileOpt = None,
     set_values: SetOpt = None,
+    host: HostOpt = DEFAULT_HOST,
+    port: PortOpt = DEFAULT_PORT,
+    listen_all: ListenAllOpt = False,
     use_environment: Annotated[
         bool, typer.Option("--use-environment/--no-environment", help="Apply this process's environment too.")
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Validate a profile with an env file and --set overrides; print every value and where it came from."""
-    loaded = load_profile(
-        profile,
-        environ=dict(os.environ) if use_environment else {},
-        env_file=read_env_file(Path(env_file)) if env_file else None,
-        overrides=parse_set_options(set_values or []),
+    """Resolve a launch from a profile, an env file, --set overrides and the address, as `serve` would on the
+    serving host (nothing of this host is read, nothing starts); print every value and where it came from.
+
+    The NixOS module runs it at build time on the settings it renders: a bad key, value or address fails the
+    system build, not the service start.
+    """
+    from glm53.serve.render import render_settings
+    from glm53.serve.resolve import ServeRequest, resolve_launch
+
+    req = ServeRequest(
+        profile=profile,
+        env_file=env_file,
+        set_values=set_values or [],
+        host=host,
+        port=port,
+        listen_all=listen_all,
     )
-    rows = [{"key": s.key, "value": s.value, "origin": s.origin, "source": s.source}
-            for s in loaded.settings.values()]
-
-    def render(console: Console) -> None:
-        table = Table(title=f"profile {loaded.name}: valid")
-        for column in ("key", "value", "origin"):
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(row["key"], row["value"], row["source"])
-        console.print(table)
-
-    Output(json_mode=json_out).result({"profile": loaded.name, "valid": True, "settings": rows}, render)
+    launch = resolve_launch(req, plan_here=False, need_model=False, environ=None if use_environment else {})
+    rows = [
+        {"key": s.key, "value": s.value, "origin": s.origin, "source": s.source}
+        for s in launch.profile.settings.values()
+    ]
+    payload = {
+        "profile": profile,
+        "valid": True,
+        "settings": rows,
+        "argv": launch.spec.argv,
+        "plan": launch.plan.model_dump(mode="json"),
+    }
+    Output(json_mode=json_out).result(payload, lambda console: render_settings(console, launch))

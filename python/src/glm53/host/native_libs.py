@@ -98,13 +98,15 @@ def read_elf(path: Path) -> ElfObject:
             wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
             (machine,) = struct.unpack_from(order + "H", data, 18)
             if wide:
-                phoff, phentsize, phnum = struct.unpack_from(order + "Q", data, 32)[0], *struct.unpack_from(
-                    order + "HH", data, 54
+                phoff, phentsize, phnum = (
+                    struct.unpack_from(order + "Q", data, 32)[0],
+                    *struct.unpack_from(order + "HH", data, 54),
                 )
                 phdr_fmt, dyn_fmt = order + "IIQQQQQQ", order + "qQ"
             else:
-                phoff, phentsize, phnum = struct.unpack_from(order + "I", data, 28)[0], *struct.unpack_from(
-                    order + "HH", data, 42
+                phoff, phentsize, phnum = (
+                    struct.unpack_from(order + "I", data, 28)[0],
+                    *struct.unpack_from(order + "HH", data, 42),
                 )
                 phdr_fmt, dyn_fmt = order + "IIIIIIII", order + "iI"
             handle.seek(phoff)
@@ -254,9 +256,7 @@ def resolve(soname: str, requester: ElfObject, view: LoaderView) -> Path | None:
     return None
 
 
-def find_missing(
-    objects: Iterable[Path], view: LoaderView, *, relative_to: Path | None = None
-) -> list[MissingLibrary]:
+def find_missing(objects: Iterable[Path], view: LoaderView, *, relative_to: Path | None = None) -> list[MissingLibrary]:
     """Every library that some object (or a library it pulls in) needs and the loader would not find."""
     roots = [info for path in objects if (info := _read_elf_cached(path)) is not None]
     provided = {info.soname or info.path.name for info in roots} | {info.path.name for info in roots}

@@ -25,6 +25,18 @@ from glm53.host.topology import format_cpu_list
 from glm53.plan.planner import GpuSpec, Plan
 
 RANKINGS_FILENAME = "hot-rankings.json"
+# Every key `plan_env` can set, in its order: what a dry run names when this host cannot be planned.
+PLANNED_KEYS = (
+    "CPU_OFFLOAD_GB",
+    "KV_CACHE_MEMORY_BYTES",
+    "EXL3_LRU_CAPACITY_PLAN",
+    "EXL3_PINNED_FRAC",
+    "EXL3_VMM_HOT_RANKINGS",
+    "HYBRID_MAIN_CPUS",
+    "EXL3_HYBRID_CPU",
+    "EXL3_HYBRID_LAYERS",
+    "OMP_NUM_THREADS",
+)
 
 
 def capacity_plan_text(plan: Plan) -> str:
@@ -109,6 +121,7 @@ def plan_serving_env(
 
 
 __all__ = [
+    "PLANNED_KEYS",
     "RANKINGS_FILENAME",
     "capacity_plan_text",
     "env_lines",

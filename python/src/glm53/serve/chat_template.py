@@ -38,9 +38,7 @@ def reasoning_end_str(reasoning_config: str, *, what: str = "REASONING_CONFIG") 
         ) from exc
     end = value.get("reasoning_end_str") if isinstance(value, dict) else None
     if not isinstance(end, str) or not end:
-        raise BadInput(
-            f"{what} has no reasoning_end_str", hint="add the string the server forces at the budget"
-        )
+        raise BadInput(f"{what} has no reasoning_end_str", hint="add the string the server forces at the budget")
     return end
 
 
@@ -55,11 +53,7 @@ def render(
     """Render a conversation as transformers does for vLLM (sandboxed jinja2, `tojson` without escaping)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
     compiled = env.from_string(template if template is not None else bounded_template_text())
-    return compiled.render(
-        messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
-    )
+    return compiled.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)

@@ -154,9 +154,7 @@ def build_launch(
             if value is not None:
                 argv += [flag, value]
                 origins[flag] = ", ".join(
-                    profile.settings[k].source
-                    for k in ("COMPILATION_MODE", "CUDA_GRAPH_MODE")
-                    if profile.is_set(k)
+                    profile.settings[k].source for k in ("COMPILATION_MODE", "CUDA_GRAPH_MODE") if profile.is_set(k)
                 )
         elif how == "bool":
             state = profile.flag_bool(key)
@@ -197,9 +195,7 @@ def build_launch(
     )
 
 
-def environment_for_exec(
-    spec: LaunchSpec, inherited: Mapping[str, str], api_key: str | None
-) -> dict[str, str]:
+def environment_for_exec(spec: LaunchSpec, inherited: Mapping[str, str], api_key: str | None) -> dict[str, str]:
     """The full environment vLLM gets: inherited, then the spec's exports, then the key (or no key at all)."""
     env = {k: v for k, v in inherited.items() if k not in SECRET_ENV}
     env.update(spec.env)

@@ -61,21 +61,15 @@ _SPECS: tuple[KeySpec, ...] = (
     _flag("SERVED_MODEL_NAME", "str", "--served-model-name: the model id clients send"),
     _flag("MAX_MODEL_LEN", "int", "--max-model-len: context window in tokens"),
     _flag("MAX_NUM_SEQS", "int", "--max-num-seqs: concurrent sequences"),
-    _flag(
-        "MAX_NUM_BATCHED_TOKENS", "int", "--max-num-batched-tokens: tokens per scheduler step (prefill chunk)"
-    ),
+    _flag("MAX_NUM_BATCHED_TOKENS", "int", "--max-num-batched-tokens: tokens per scheduler step (prefill chunk)"),
     _flag("KV_CACHE_MEMORY_BYTES", "int", "--kv-cache-memory-bytes: KV cache size per GPU, in bytes"),
     _flag("GPU_MEMORY_UTILIZATION", "float", "--gpu-memory-utilization: fraction of VRAM vLLM may use"),
     _flag("TENSOR_PARALLEL_SIZE", "int", "--tensor-parallel-size: GPUs the model is split over"),
     _flag("CUDA_GRAPH_MODE", "str", "cudagraph_mode inside --compilation-config"),
     _flag("PREFIX_CACHING", "bool", "--enable-prefix-caching (1) or --no-enable-prefix-caching (0)"),
     _flag("CPU_OFFLOAD_GB", "int", "--cpu-offload-gb: GiB of weights kept in host memory"),
-    _flag(
-        "CHAT_TEMPLATE", "path", f"--chat-template: a file, or {BUILTIN_CHAT_TEMPLATE} for the packaged one"
-    ),
-    _flag(
-        "REASONING_CONFIG", "json", "--reasoning-config: reasoning start/end strings (end = forced at budget)"
-    ),
+    _flag("CHAT_TEMPLATE", "path", f"--chat-template: a file, or {BUILTIN_CHAT_TEMPLATE} for the packaged one"),
+    _flag("REASONING_CONFIG", "json", "--reasoning-config: reasoning start/end strings (end = forced at budget)"),
     # Flags the recipe's argv fixes; glm53 names them so that other profiles can differ.
     _flag("DISTRIBUTED_EXECUTOR_BACKEND", "str", "--distributed-executor-backend", recipe=False),
     _flag("MODEL_IMPL", "str", "--model-impl", recipe=False),
@@ -117,9 +111,7 @@ _SPECS: tuple[KeySpec, ...] = (
     _env("EXL3_LRU_CAPACITY_PLAN", "LAYER:SLOTS:PINNED per MoE layer, comma-separated (planner output)"),
     _env("EXL3_VMM_HOT_RANKINGS", "hot-expert rankings file: {layer: [expert ids, hottest first]}", "path"),
     _env("EXL3_VMM_HOT_EXPERTS", "GPU slots per layer for hot experts"),
-    _env(
-        "EXL3_PINNED_FRAC", "pinned share of the GPU expert slots (planner output; the recipe used 0.2)", "float"
-    ),
+    _env("EXL3_PINNED_FRAC", "pinned share of the GPU expert slots (planner output; the recipe used 0.2)", "float"),
     _env("VLLM_UVA_OFFLOAD_EXACT_HOST_REGISTER", "register exactly the offloaded host pages for UVA"),
     _env("EXL3_LRU_GATHER_IMPL", "kernel that gathers missed experts into cache slots"),
     _env("EXL3_LRU_GATHER_BLOCK", "gather kernel block size"),

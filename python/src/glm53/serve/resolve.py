@@ -1,0 +1,198 @@
+"""One resolution of a launch: request -> profile + plan + env file + environment + --set -> Launch.
+
+    resolve_launch(request, plan_here=...) -> Launch     reads the files named, plans on this host if asked
+
+`glm53 serve` (and its --dry-run), `glm53 demo` and `glm53 profile check` (the NixOS module's build-time
+settings check) all call it, so what a dry run prints is exactly what a real start execs: the argv, the
+exported environment and the CPU affinity, each value with its origin.
+
+A GPU profile served without `--plan-env` is planned on this host, as the recipe's entrypoint did before
+exec. Where that is impossible (no NVIDIA GPU), the launch says so and names the values a start on a GPU host
+would plan: a dry run shows it, a real start stops (Unavailable, exit 3).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from glm53.errors import BadInput, Unavailable
+from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput, build_launch
+from glm53.serve.profiles import DEFAULT_PROFILE, KEYS, Profile, load_profile, parse_set_options, read_env_file
+
+# Where a dry run without --model-dir shows the checkpoint (the image mounts it there).
+PLACEHOLDER_MODEL_DIR = "/model"
+PLAN_THIS_HOST = "plan (this host)"
+
+
+class ServeRequest(BaseModel):
+    """Everything a launch is resolved from, as given on the command line (also built by `glm53 demo`)."""
+
+    profile: str = DEFAULT_PROFILE
+    model_dir: Path | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    listen_all: bool = False
+    set_values: list[str] = []
+    env_file: Path | None = None
+    api_key_file: Path | None = None
+    plan_env: Path | None = None
+    # Read /proc and /sys under this root when planning (a saved host tree in tests and audits).
+    root: Path = Path("/")
+    skip_preflight: bool = False
+    skip_flag_check: bool = False
+
+
+class PlanStatus(BaseModel):
+    """Where the host plan came from, or why there is none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: Literal["plan-env", "this host", "not needed", "not planned", "impossible"]
+    detail: str
+    # Keys the plan set, or (not planned, impossible) the keys a real start would plan.
+    keys: list[str] = []
+
+
+class Launch(BaseModel):
+    """A resolved launch: what exec gets, the layered profile it came from, and the plan's status."""
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: LaunchSpec
+    profile: Profile
+    plan: PlanStatus
+    # Read from --api-key-file; never dumped, never printed, never in argv.
+    api_key: str | None = Field(default=None, exclude=True, repr=False)
+
+
+def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
+    """The planner's KEY=VALUE file: profile keys (layered over the profile), the rest (exported as they are),
+    and HYBRID_MAIN_CPUS as the serving CPUs."""
+    from glm53.host.topology import parse_cpu_list
+    from glm53.serve.profiles import parse_env_text
+
+    _, text = read_env_file(path)
+    lines, _ = parse_env_text(text, source=str(path))
+    values = [(line.key, line.value, f"plan {path}:{line.lineno}") for line in lines]
+    others = {line.key: line.value for line in lines if line.key not in KEYS}
+    cpus = others.get("HYBRID_MAIN_CPUS")
+    affinity = list(parse_cpu_list(cpus, what=f"{path}: HYBRID_MAIN_CPUS")) if cpus else None
+    return values, PlanInput(env=others, cpu_affinity=affinity)
+
+
+PlanLayer = tuple[list[tuple[str, str, str]], PlanInput]
+
+
+def plan_on_this_host(profile: Profile, model_dir: Path | None, *, root: Path = Path("/")) -> PlanLayer:
+    """Plan the expert pools for this host and profile; the values layer over the profile exactly as a
+    `glm53 plan --env` file would. GPUs come from NVML; Unavailable when there is none."""
+    from glm53.plan.env import plan_serving_env
+
+    env, affinity = plan_serving_env(profile, model_dir=model_dir, root=root)
+    values = [(key, value, PLAN_THIS_HOST) for key, value in env.items() if key in KEYS]
+    others = {key: value for key, value in env.items() if key not in KEYS}
+    return values, PlanInput(env=others, cpu_affinity=list(affinity) or None)
+
+
+def _model_dir(req: ServeRequest, *, need_model: bool) -> Path | str:
+    if req.model_dir is None:
+        if need_model:
+            raise BadInput("serve needs the model directory", hint="glm53 serve --model-dir DIR (see glm53 model)")
+        return PLACEHOLDER_MODEL_DIR
+    if need_model and not req.model_dir.is_dir():
+        raise BadInput(
+            f"--model-dir: {req.model_dir} is not a directory",
+            hint="download it with `glm53 model download`, or `glm53 demo` for the tiny model",
+        )
+    return req.model_dir.resolve()
+
+
+def resolve_launch(
+    req: ServeRequest,
+    *,
+    plan_here: bool = True,
+    need_model: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> Launch:
+    """Resolve a launch. Bad input raises BadInput before anything starts.
+
+    plan_here: plan a GPU profile without --plan-env on this host (serve, its dry run); False for a
+    build-time check, whose host is not this machine. need_model: the checkpoint directory must exist.
+    """
+    from glm53.host.doctor import requirements_for
+    from glm53.serve.exec import read_api_key
+    from glm53.serve.flags import vllm_command
+
+    env_file = read_env_file(req.env_file) if req.env_file is not None else None
+    overrides = parse_set_options(req.set_values)
+    environ = os.environ if environ is None else environ
+
+    def layered(plan_values: list[tuple[str, str, str]]) -> Profile:
+        return load_profile(req.profile, environ=environ, env_file=env_file, overrides=overrides, plan=plan_values)
+
+    profile = layered([])
+    model_dir = _model_dir(req, need_model=need_model)
+    plan_values: list[tuple[str, str, str]] = []
+    plan: PlanInput | None = None
+    if req.plan_env is not None:
+        plan_values, plan = read_plan(req.plan_env)
+        status = PlanStatus(
+            source="plan-env",
+            detail=f"from {req.plan_env}",
+            keys=[key for key, _, _ in plan_values] + list(plan.env),
+        )
+    elif requirements_for(profile).gpus == 0:
+        status = PlanStatus(source="not needed", detail=f"{req.profile} runs without GPUs: nothing to plan")
+    else:
+        status, plan_values, plan = _plan_here(req, profile, plan_here)
+    if plan_values:
+        profile = layered(plan_values)
+    api_key = read_api_key(req.api_key_file) if req.api_key_file is not None else None
+    spec = build_launch(
+        profile,
+        model_dir=model_dir,
+        vllm_command=vllm_command(),
+        host=req.host,
+        port=req.port,
+        listen_all=req.listen_all,
+        plan=plan,
+        api_key=api_key is not None,
+    )
+    return Launch(spec=spec, profile=profile, plan=status, api_key=api_key)
+
+
+def _plan_here(
+    req: ServeRequest, profile: Profile, plan_here: bool
+) -> tuple[PlanStatus, list[tuple[str, str, str]], PlanInput | None]:
+    from glm53.plan.env import PLANNED_KEYS
+
+    if not plan_here:
+        status = PlanStatus(
+            source="not planned", detail="planned on the serving host at start", keys=list(PLANNED_KEYS)
+        )
+        return status, [], None
+    try:
+        values, plan = plan_on_this_host(profile, req.model_dir, root=req.root)
+    except Unavailable as exc:
+        status = PlanStatus(
+            source="impossible", detail=f"cannot plan on this host: {exc.message}", keys=list(PLANNED_KEYS)
+        )
+        return status, [], None
+    keys = [key for key, _, _ in values] + list(plan.env)
+    return PlanStatus(source="this host", detail="planned on this host", keys=keys), values, plan
+
+
+__all__ = [
+    "PLAN_THIS_HOST",
+    "Launch",
+    "PlanStatus",
+    "ServeRequest",
+    "plan_on_this_host",
+    "read_plan",
+    "resolve_launch",
+]

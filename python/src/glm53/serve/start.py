@@ -1,0 +1,116 @@
+"""Start a resolved launch, or show it: the two ends of `glm53 serve`.
+
+    dry_run(request) -> DryRun      the launch a start would exec, each value with its origin; starts nothing
+    start(request, out) -> NoReturn  engine libraries, preflight (doctor's checks), vLLM's flag parser, exec
+
+Both resolve the launch with `resolve_launch`, the same function and the same inputs, so the dry run's argv,
+environment and CPU affinity are what exec receives.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import NoReturn
+
+from pydantic import BaseModel
+
+from glm53.errors import BadInput, Unavailable
+from glm53.output import Output
+from glm53.serve.flags import FlagCheck
+from glm53.serve.launch import LaunchSpec
+from glm53.serve.resolve import Launch, PlanStatus, ServeRequest, resolve_launch
+
+# Doctor checks whose failure is a wrong flag or file of the request (exit 2); any other failure is the
+# host's (exit 3).
+INPUT_CHECKS = frozenset({"port", "model verified", "model index"})
+
+
+class DryRun(BaseModel):
+    launch: LaunchSpec
+    command: str
+    flag_check: FlagCheck
+    plan: PlanStatus
+    # Every profile key with a value: {"value", "origin", "source"}.
+    values: dict[str, dict[str, str]]
+
+
+def describe(launch: Launch, flag_check: FlagCheck) -> DryRun:
+    values = {
+        key: {"value": s.value, "origin": s.origin, "source": s.source} for key, s in launch.profile.settings.items()
+    }
+    return DryRun(
+        launch=launch.spec,
+        command=shlex.join(launch.spec.argv),
+        flag_check=flag_check,
+        plan=launch.plan,
+        values=values,
+    )
+
+
+def dry_run(req: ServeRequest) -> DryRun:
+    from glm53.serve.flags import check_flags
+
+    launch = resolve_launch(req, need_model=False)
+    flags = (
+        check_flags(launch.spec.argv)
+        if not req.skip_flag_check
+        else FlagCheck(checked=False, vllm_version=None, reason="--skip-flag-check")
+    )
+    return describe(launch, flags)
+
+
+def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:
+    """Doctor's checks for this profile; on failure nothing starts (exit 2 for the request's own port or
+    checkpoint, exit 3 for the host)."""
+    from glm53.host.doctor import read_facts, requirements_for, run_checks
+
+    spec = launch.spec
+    report = run_checks(
+        read_facts(req.root, host=spec.host, port=spec.port, model_dir=req.model_dir),
+        requirements_for(launch.profile),
+        profile=req.profile,
+    )
+    for check in report.checks:
+        if check.status == "warn":
+            out.warn(f"{check.name}: {check.detail}" + (f" (fix: {check.fix})" if check.fix else ""))
+    if report.ok:
+        return
+    lines = [f"{c.name}: {c.detail}" for c in report.failures]
+    fixes = [f"{c.name}: {c.fix}" for c in report.failures if c.fix]
+    message = "preflight failed, nothing started:\n  " + "\n  ".join(lines)
+    hint = "\n  ".join(fixes) or "run `glm53 doctor` for the whole report"
+    if all(c.name in INPUT_CHECKS for c in report.failures):
+        raise BadInput(message, hint=hint)
+    raise Unavailable(message, hint=hint)
+
+
+def start(req: ServeRequest, out: Output) -> NoReturn:
+    from glm53.host.native_libs import require_engine_libraries
+    from glm53.serve.exec import exec_launch
+    from glm53.serve.flags import check_flags
+
+    require_engine_libraries()
+    # Planning impossible is reported after preflight, so that one run names every problem of the host.
+    launch = resolve_launch(req)
+    if not req.skip_preflight:
+        preflight(req, launch, out)
+    if launch.plan.source == "impossible":
+        raise Unavailable(
+            f"{req.profile} needs a plan of this host's expert pools, and {launch.plan.detail}",
+            hint="serve on the GPU host, or pass --plan-env from `glm53 plan --env`",
+        )
+    if launch.plan.source == "this host":
+        out.info(f"planned the expert pools for this host: {len(launch.plan.keys)} values")
+    if not req.skip_flag_check:
+        check = check_flags(launch.spec.argv)
+        if check.checked:
+            cached = " (cached)" if check.cached else ""
+            out.info(f"flags accepted by {check.vllm_version}'s serve parser{cached}")
+        else:
+            out.warn(f"flags not checked: {check.reason}")
+    spec = launch.spec
+    out.info(f"serving {spec.profile} on {spec.base_url} (OpenAI API under {spec.base_url}/v1)")
+    exec_launch(spec, api_key=launch.api_key)
+
+
+__all__ = ["INPUT_CHECKS", "DryRun", "describe", "dry_run", "preflight", "start"]

@@ -13,7 +13,7 @@ import pytest
 
 from glm53.errors import BadInput
 from glm53.serve.chat_template import bounded_template_path
-from glm53.serve.launch import FLAG_KEYS, PlanInput, build_launch, environment_for_exec
+from glm53.serve.launch import PlanInput, build_launch, environment_for_exec
 from glm53.serve.profiles import KEYS, load_profile
 
 RECIPE = json.loads(
@@ -118,9 +118,14 @@ def test_cpu_tiny_environment() -> None:
     assert spec.origins["VLLM_CPU_KVCACHE_SPACE"].startswith("cpu-tiny.env:")
 
 
-def test_every_flag_key_has_a_place_in_the_argv() -> None:
-    flag_keys = {k for k, spec in KEYS.items() if spec.role == "flag"}
-    assert flag_keys == set(FLAG_KEYS)
+def test_every_flag_key_names_its_flag_and_reaches_the_argv() -> None:
+    flag_specs = [spec for spec in KEYS.values() if spec.role == "flag"]
+    assert len(flag_specs) == 28 and all(spec.flag and spec.flag.startswith("--") for spec in flag_specs)
+    # Every key set (bools on) yields its flag: nothing declared is left out of the argv.
+    overrides = [(s.key, "1" if s.kind in ("bool", "int", "float") else "x") for s in flag_specs if s.kind != "json"]
+    overrides.append(("REASONING_CONFIG", "{}"))
+    argv = build_launch(load_profile("cpu-tiny", environ={}, overrides=overrides), model_dir="/m").argv
+    assert {spec.flag for spec in flag_specs} <= set(argv)
 
 
 def test_listening_on_all_interfaces_needs_the_explicit_flag() -> None:

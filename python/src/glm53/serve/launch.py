@@ -2,7 +2,8 @@
 
 Pure: no file is read, nothing is started. `glm53.serve.exec` carries a LaunchSpec out.
 
-The flag order follows the recipe's `config.launch`, so `agent-256k` reproduces it element for element
+The flags, their order and how each key becomes one are declared on the key specs (`glm53.serve.profiles`);
+the order follows the recipe's `config.launch`, so `agent-256k` reproduces it element for element
 except for the model path, the host (127.0.0.1 unless the caller asks for another address), the chat
 template's path (the packaged copy) and the flag names the pinned vLLM spells differently
 (`--kv-cache-memory` is `--kv-cache-memory-bytes` in vLLM 0.32).
@@ -19,47 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput
 from glm53.serve.chat_template import bounded_template_path
-from glm53.serve.profiles import BUILTIN_CHAT_TEMPLATE, KEYS, Profile
+from glm53.serve.profiles import BUILTIN_CHAT_TEMPLATE, FLAG_SPECS, KEYS, Profile
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-
-# (flag, key, how). "value": --flag VALUE; "bool": 1 -> --flag, 0 -> --no-flag; empty -> left out.
-# "compilation" and "host"/"port"/"model" are filled from several keys or from the caller.
-FLAG_ORDER: tuple[tuple[str, str, str], ...] = (
-    ("--served-model-name", "SERVED_MODEL_NAME", "value"),
-    ("--host", "", "host"),
-    ("--port", "", "port"),
-    ("--tensor-parallel-size", "TENSOR_PARALLEL_SIZE", "value"),
-    ("--distributed-executor-backend", "DISTRIBUTED_EXECUTOR_BACKEND", "value"),
-    ("--model-impl", "MODEL_IMPL", "value"),
-    ("--quantization", "QUANTIZATION", "value"),
-    ("--dtype", "DTYPE", "value"),
-    ("--max-model-len", "MAX_MODEL_LEN", "value"),
-    ("--max-num-seqs", "MAX_NUM_SEQS", "value"),
-    ("--max-num-batched-tokens", "MAX_NUM_BATCHED_TOKENS", "value"),
-    ("--enable-chunked-prefill", "CHUNKED_PREFILL", "bool"),
-    ("--gpu-memory-utilization", "GPU_MEMORY_UTILIZATION", "value"),
-    ("--kv-cache-memory-bytes", "KV_CACHE_MEMORY_BYTES", "value"),
-    ("--kv-cache-dtype", "KV_CACHE_DTYPE", "value"),
-    ("--offload-backend", "OFFLOAD_BACKEND", "value"),
-    ("--cpu-offload-gb", "CPU_OFFLOAD_GB", "value"),
-    ("--cpu-offload-params", "CPU_OFFLOAD_PARAMS", "value"),
-    ("--compilation-config", "", "compilation"),
-    ("--enable-prefix-caching", "PREFIX_CACHING", "bool"),
-    ("--chat-template", "CHAT_TEMPLATE", "template"),
-    ("--reasoning-config", "REASONING_CONFIG", "value"),
-    ("--enable-flashinfer-autotune", "FLASHINFER_AUTOTUNE", "bool"),
-    ("--language-model-only", "LANGUAGE_MODEL_ONLY", "bool"),
-    ("--skip-mm-profiling", "SKIP_MM_PROFILING", "bool"),
-    ("--tool-call-parser", "TOOL_CALL_PARSER", "value"),
-    ("--enable-auto-tool-choice", "AUTO_TOOL_CHOICE", "bool"),
-    ("--reasoning-parser", "REASONING_PARSER", "value"),
-    ("--enforce-eager", "ENFORCE_EAGER", "bool"),
-)
-
-# Every flag key of the profile has its place above (a test keeps this true).
-FLAG_KEYS = frozenset(key for _, key, _ in FLAG_ORDER if key) | {"CUDA_GRAPH_MODE", "COMPILATION_MODE"}
 
 # Variables that never come from a profile: the API key travels through VLLM_API_KEY only.
 SECRET_ENV = ("VLLM_API_KEY",)
@@ -144,27 +108,29 @@ def build_launch(
     check_host(host, listen_all=listen_all)
     argv: list[str] = [*vllm_command, str(model_dir)]
     origins: dict[str, str] = {}
-    for flag, key, how in FLAG_ORDER:
-        if how == "host":
-            argv += [flag, host]
-        elif how == "port":
-            argv += [flag, str(port)]
-        elif how == "compilation":
+    for spec in FLAG_SPECS:
+        flag = spec.flag
+        assert flag is not None  # every flag key names its flag
+        if spec.style == "compilation":
             value = compilation_config(profile)
-            if value is not None:
+            if value is not None and flag not in origins:
                 argv += [flag, value]
                 origins[flag] = ", ".join(
-                    profile.settings[k].source for k in ("COMPILATION_MODE", "CUDA_GRAPH_MODE") if profile.is_set(k)
+                    profile.settings[s.key].source
+                    for s in FLAG_SPECS
+                    if s.style == "compilation" and profile.is_set(s.key)
                 )
-        elif how == "bool":
-            state = profile.flag_bool(key)
+        elif spec.style == "bool":
+            state = profile.flag_bool(spec.key)
             if state is not None:
                 argv.append(flag if state else "--no-" + flag.removeprefix("--"))
-                origins[flag] = profile.settings[key].source
-        elif profile.is_set(key):
-            value = profile.value(key)
-            argv += [flag, resolve_chat_template(value) if how == "template" else value]
-            origins[flag] = profile.settings[key].source
+                origins[flag] = profile.settings[spec.key].source
+        elif profile.is_set(spec.key):
+            value = profile.value(spec.key)
+            argv += [flag, resolve_chat_template(value) if spec.style == "template" else value]
+            origins[flag] = profile.settings[spec.key].source
+        if spec.key == "SERVED_MODEL_NAME":  # the recipe puts the address right after the model's name
+            argv += ["--host", host, "--port", str(port)]
     argv += list(extra_args)
 
     env: dict[str, str] = {}

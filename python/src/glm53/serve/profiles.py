@@ -33,9 +33,22 @@ Kind = Literal["str", "int", "float", "bool", "json", "path"]
 Role = Literal["flag", "env"]
 Origin = Literal["profile", "plan", "env-file", "env", "set"]
 
-PROFILE_NAMES = ("agent-256k", "prefill-256k", "cpu-tiny")
+PROFILES_RESOURCE = "data/profiles"
+# The packaged profiles are the .env files of data/profiles: adding a file adds a profile everywhere.
+PROFILE_NAMES = tuple(
+    sorted(
+        entry.name.removesuffix(".env")
+        for entry in resources.files("glm53").joinpath(PROFILES_RESOURCE).iterdir()
+        if entry.name.endswith(".env")
+    )
+)
 DEFAULT_PROFILE = "agent-256k"
 BUILTIN_CHAT_TEMPLATE = "builtin:bounded"
+
+
+# How a flag key reaches the argv: "value" --flag VALUE; "bool" 1 -> --flag, 0 -> --no-flag; "template" the
+# chat template's path (BUILTIN_CHAT_TEMPLATE = the packaged one); "compilation" a field of one JSON flag.
+FlagStyle = Literal["value", "bool", "template", "compilation"]
 
 
 @dataclass(frozen=True)
@@ -45,63 +58,68 @@ class KeySpec:
     role: Role
     doc: str
     recipe: bool = True  # one of the recipe's 76 keys (config.runtime.env), or added by glm53
+    flag: str | None = None  # the vLLM flag of a flag key
+    style: FlagStyle = "value"
 
 
 def _env(key: str, doc: str, kind: Kind = "str", *, recipe: bool = True) -> KeySpec:
     return KeySpec(key, kind, "env", doc, recipe)
 
 
-def _flag(key: str, kind: Kind, doc: str, *, recipe: bool = True) -> KeySpec:
-    return KeySpec(key, kind, "flag", doc, recipe)
+def _flag(key: str, kind: Kind, flag: str, doc: str, *, recipe: bool = True, style: FlagStyle | None = None) -> KeySpec:
+    return KeySpec(key, kind, "flag", doc, recipe, flag, style or ("bool" if kind == "bool" else "value"))
 
 
-# Keys that become vLLM flags (launch.FLAG_ORDER says which) and keys exported to the engine's environment.
+# The flag keys, in the argv order of the recipe's `config.launch` (the server's --host and --port, which are
+# not profile keys, follow SERVED_MODEL_NAME); then the keys exported to the engine's environment.
 _SPECS: tuple[KeySpec, ...] = (
-    # The recipe's keys that shape the argv.
-    _flag("SERVED_MODEL_NAME", "str", "--served-model-name: the model id clients send"),
-    _flag("MAX_MODEL_LEN", "int", "--max-model-len: context window in tokens"),
-    _flag("MAX_NUM_SEQS", "int", "--max-num-seqs: concurrent sequences"),
-    _flag("MAX_NUM_BATCHED_TOKENS", "int", "--max-num-batched-tokens: tokens per scheduler step (prefill chunk)"),
-    _flag("KV_CACHE_MEMORY_BYTES", "int", "--kv-cache-memory-bytes: KV cache size per GPU, in bytes"),
-    _flag("GPU_MEMORY_UTILIZATION", "float", "--gpu-memory-utilization: fraction of VRAM vLLM may use"),
-    _flag("TENSOR_PARALLEL_SIZE", "int", "--tensor-parallel-size: GPUs the model is split over"),
-    _flag("CUDA_GRAPH_MODE", "str", "cudagraph_mode inside --compilation-config"),
-    _flag("PREFIX_CACHING", "bool", "--enable-prefix-caching (1) or --no-enable-prefix-caching (0)"),
-    _flag("CPU_OFFLOAD_GB", "int", "--cpu-offload-gb: GiB of weights kept in host memory"),
-    _flag("CHAT_TEMPLATE", "path", f"--chat-template: a file, or {BUILTIN_CHAT_TEMPLATE} for the packaged one"),
-    _flag("REASONING_CONFIG", "json", "--reasoning-config: reasoning start/end strings (end = forced at budget)"),
-    # Flags the recipe's argv fixes; glm53 names them so that other profiles can differ.
-    _flag("DISTRIBUTED_EXECUTOR_BACKEND", "str", "--distributed-executor-backend", recipe=False),
-    _flag("MODEL_IMPL", "str", "--model-impl", recipe=False),
-    _flag("QUANTIZATION", "str", "--quantization (exl3 needs the GLM-5.3 overlay)", recipe=False),
-    _flag("DTYPE", "str", "--dtype", recipe=False),
-    _flag(
-        "CHUNKED_PREFILL",
-        "bool",
-        "--enable-chunked-prefill (1) / --no-enable-chunked-prefill (0)",
-        recipe=False,
-    ),
+    _flag("SERVED_MODEL_NAME", "str", "--served-model-name", "the model id clients send"),
+    _flag("TENSOR_PARALLEL_SIZE", "int", "--tensor-parallel-size", "GPUs the model is split over"),
+    _flag("DISTRIBUTED_EXECUTOR_BACKEND", "str", "--distributed-executor-backend", "mp or ray", recipe=False),
+    _flag("MODEL_IMPL", "str", "--model-impl", "vllm or transformers", recipe=False),
+    _flag("QUANTIZATION", "str", "--quantization", "exl3 needs the GLM-5.3 overlay", recipe=False),
+    _flag("DTYPE", "str", "--dtype", "activation dtype", recipe=False),
+    _flag("MAX_MODEL_LEN", "int", "--max-model-len", "context window in tokens"),
+    _flag("MAX_NUM_SEQS", "int", "--max-num-seqs", "concurrent sequences"),
+    _flag("MAX_NUM_BATCHED_TOKENS", "int", "--max-num-batched-tokens", "tokens per scheduler step (prefill chunk)"),
+    _flag("CHUNKED_PREFILL", "bool", "--enable-chunked-prefill", "chunked prefill (1) or not (0)", recipe=False),
+    _flag("GPU_MEMORY_UTILIZATION", "float", "--gpu-memory-utilization", "fraction of VRAM vLLM may use"),
+    _flag("KV_CACHE_MEMORY_BYTES", "int", "--kv-cache-memory-bytes", "KV cache size per GPU, in bytes"),
     _flag(
         "KV_CACHE_DTYPE",
         "str",
-        "--kv-cache-dtype (auto = bf16; quantized MLA KV breaks past ~2K tokens)",
+        "--kv-cache-dtype",
+        "auto = bf16; quantized MLA KV breaks past ~2K tokens",
         recipe=False,
     ),
-    _flag("OFFLOAD_BACKEND", "str", "--offload-backend: auto | prefetch | uva", recipe=False),
-    _flag("CPU_OFFLOAD_PARAMS", "str", "--cpu-offload-params: which parameters are offloaded", recipe=False),
-    _flag("COMPILATION_MODE", "int", "mode inside --compilation-config (0 = no torch.compile)", recipe=False),
+    _flag("OFFLOAD_BACKEND", "str", "--offload-backend", "auto | prefetch | uva", recipe=False),
+    _flag("CPU_OFFLOAD_GB", "int", "--cpu-offload-gb", "GiB of weights kept in host memory"),
+    _flag("CPU_OFFLOAD_PARAMS", "str", "--cpu-offload-params", "which parameters are offloaded", recipe=False),
     _flag(
-        "FLASHINFER_AUTOTUNE",
-        "bool",
-        "--enable-flashinfer-autotune (1) / --no-enable-flashinfer-autotune (0)",
+        "COMPILATION_MODE",
+        "int",
+        "--compilation-config",
+        "its mode (0 = no torch.compile)",
         recipe=False,
+        style="compilation",
     ),
-    _flag("LANGUAGE_MODEL_ONLY", "bool", "--language-model-only: skip the multimodal tower", recipe=False),
-    _flag("SKIP_MM_PROFILING", "bool", "--skip-mm-profiling", recipe=False),
-    _flag("TOOL_CALL_PARSER", "str", "--tool-call-parser", recipe=False),
-    _flag("AUTO_TOOL_CHOICE", "bool", "--enable-auto-tool-choice", recipe=False),
-    _flag("REASONING_PARSER", "str", "--reasoning-parser", recipe=False),
-    _flag("ENFORCE_EAGER", "bool", "--enforce-eager: no graph capture or compile (fast start)", recipe=False),
+    _flag("CUDA_GRAPH_MODE", "str", "--compilation-config", "its cudagraph_mode", style="compilation"),
+    _flag("PREFIX_CACHING", "bool", "--enable-prefix-caching", "prefix caching (1) or not (0)"),
+    _flag(
+        "CHAT_TEMPLATE",
+        "path",
+        "--chat-template",
+        f"a file, or {BUILTIN_CHAT_TEMPLATE} for the packaged one",
+        style="template",
+    ),
+    _flag("REASONING_CONFIG", "json", "--reasoning-config", "reasoning start/end strings (end = forced at budget)"),
+    _flag("FLASHINFER_AUTOTUNE", "bool", "--enable-flashinfer-autotune", "FlashInfer autotuning", recipe=False),
+    _flag("LANGUAGE_MODEL_ONLY", "bool", "--language-model-only", "skip the multimodal tower", recipe=False),
+    _flag("SKIP_MM_PROFILING", "bool", "--skip-mm-profiling", "skip multimodal memory profiling", recipe=False),
+    _flag("TOOL_CALL_PARSER", "str", "--tool-call-parser", "parser of the model's tool calls", recipe=False),
+    _flag("AUTO_TOOL_CHOICE", "bool", "--enable-auto-tool-choice", "tool_choice=auto", recipe=False),
+    _flag("REASONING_PARSER", "str", "--reasoning-parser", "parser of the model's reasoning", recipe=False),
+    _flag("ENFORCE_EAGER", "bool", "--enforce-eager", "no graph capture or compile (fast start)", recipe=False),
     # The recipe's engine environment (ExLlamaV3 expert cache and kernels, GLM-5.3 overlay switches). The
     # recipe names these keys without their values; where neither it nor the planner defines a format, the key
     # takes any string (a recipe .env must load unchanged) and its meaning here is read from its name.
@@ -189,6 +207,7 @@ _SPECS: tuple[KeySpec, ...] = (
 )
 
 KEYS: dict[str, KeySpec] = {spec.key: spec for spec in _SPECS}
+FLAG_SPECS: tuple[KeySpec, ...] = tuple(spec for spec in _SPECS if spec.role == "flag")
 RECIPE_KEYS: tuple[str, ...] = tuple(spec.key for spec in _SPECS if spec.recipe)
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -359,7 +378,7 @@ def _check_value(spec: KeySpec, value: str, *, where: str) -> None:
 
 
 def _profile_text(name: str) -> str:
-    return (resources.files("glm53") / "data" / "profiles" / f"{name}.env").read_text(encoding="utf-8")
+    return resources.files("glm53").joinpath(PROFILES_RESOURCE, f"{name}.env").read_text(encoding="utf-8")
 
 
 def _profile_layers(name: str, seen: tuple[str, ...] = ()) -> tuple[str, list[Setting]]:

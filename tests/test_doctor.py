@@ -14,7 +14,10 @@ import pytest
 
 from glm53.host.doctor import (
     DoctorReport,
-    HostFacts,
+    DoctorFacts,
+    audit_host,
+    limits_from_lock,
+    load_limits,
     read_facts,
     requirements_for,
     run_checks,
@@ -27,7 +30,7 @@ from tests.support.fake_nvml import FakeGpu, FakeNvml, two_3090s
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
 
 
-def _facts(tree: str, nvml: FakeNvml | None = None, **kwargs: object) -> HostFacts:
+def _facts(tree: str, nvml: FakeNvml | None = None, **kwargs: object) -> DoctorFacts:
     fake = (
         nvml
         if nvml is not None
@@ -38,9 +41,35 @@ def _facts(tree: str, nvml: FakeNvml | None = None, **kwargs: object) -> HostFac
     )  # type: ignore[arg-type]
 
 
-def _report(facts: HostFacts, profile: str) -> DoctorReport:
+def test_thresholds_come_from_the_repro_lock() -> None:
+    from glm53.repro import load_repro_lock
+
+    lock = load_repro_lock()
+    limits = limits_from_lock(lock)
+    assert limits.driver_min == int(lock.engine.cuda.driver_min)
+    assert limits.capabilities == [(8, 6)] and limits.runs_on((8, 9)) and not limits.runs_on((8, 0))
+    assert limits.gpu_memory_bytes == lock.hardware.gpu_memory_mib << 20
+    newer = limits.model_copy(update={"driver_min": 600})
+    facts = _facts("gpu-host", two_3090s())
+    checks = _by_name(run_checks(facts, requirements_for(load_profile("agent-256k", environ={})), newer))
+    assert checks["nvidia driver"][0] == "fail" and "need >= 600" in checks["nvidia driver"][1]
+
+
+def test_host_audit_is_the_same_engine_with_the_validated_hardware() -> None:
+    limits = load_limits()
+    rig = _facts("gpu-host", two_3090s()).host
+    assert audit_host(rig, limits).ok
+    h200 = FakeNvml(gpus=[FakeGpu("NVIDIA H200", 143771, 0, capability=(9, 0))], driver="575.57.08")
+    report = audit_host(_facts("gpu-host", h200).host, limits)
+    assert {c.name for c in report.failures} == {"gpu count", "nvidia driver", "gpu 0", "gpu model"}
+    assert all(c.fix for c in report.failures)
+    bare = audit_host(_facts("old-desktop").host, limits)
+    assert {c.name for c in bare.failures} >= {"gpus", "system memory"}
+
+
+def _report(facts: DoctorFacts, profile: str) -> DoctorReport:
     return run_checks(
-        facts, requirements_for(load_profile(profile, environ={})), profile=profile
+        facts, requirements_for(load_profile(profile, environ={})), load_limits(), profile=profile
     )
 
 
@@ -50,7 +79,7 @@ def _by_name(report: DoctorReport) -> dict[str, tuple[str, str, str | None]]:
 
 def test_gpu_host_is_ready_for_the_recipe() -> None:
     facts = _facts("gpu-host", two_3090s())
-    assert facts.memory is not None and facts.memory.cgroup_limit_bytes == 120 << 30
+    assert facts.host.memory is not None and facts.host.memory.cgroup_limit_bytes == 120 << 30
     report = _report(facts, "agent-256k")
     checks = _by_name(report)
     assert report.ok, [c for c in report.checks if c.status == "fail"]
@@ -76,7 +105,7 @@ def test_gpu_host_is_ready_for_the_recipe() -> None:
 
 def test_stale_shared_memory_is_found_and_live_segments_are_not() -> None:
     facts = _facts("gpu-host", two_3090s())
-    by_name = {s.name: s.in_use for s in facts.shm_segments}
+    by_name = {s.name: s.in_use for s in facts.host.shm_segments}
     assert by_name == {
         "psm_3f9a1c2e": True,
         "psm_77d0a4b1": False,
@@ -98,7 +127,7 @@ def test_open_file_descriptor_keeps_a_segment_in_use(tmp_path: Path) -> None:
     facts = read_facts(
         root, gpu_reader=lambda: read_gpus(two_3090s()), machine="x86_64"
     )
-    assert all(s.in_use for s in facts.shm_segments)
+    assert all(s.in_use for s in facts.host.shm_segments)
 
 
 def test_busy_gpu_and_old_driver() -> None:
@@ -124,7 +153,7 @@ def test_one_small_old_gpu() -> None:
     assert checks["gpu count"][0] == "fail" and "needs 2" in checks["gpu count"][1]
     assert (
         checks["gpu 0"][0] == "fail"
-        and "compute capability 7.5 < 8.0" in checks["gpu 0"][1]
+        and "built for sm_86, not sm_75" in checks["gpu 0"][1]
     )
 
 
@@ -188,7 +217,7 @@ def test_real_host_memlock_comes_from_resource_limits(tmp_path: Path) -> None:
     # Lower the real RLIMIT_MEMLOCK in a child and let doctor read the real /proc/self/limits there.
     code = (
         "import resource, json; resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536)); "
-        "from glm53.host.doctor import read_memlock; from pathlib import Path; "
+        "from glm53.host.facts import read_memlock; from pathlib import Path; "
         "print(json.dumps(read_memlock(Path('/'))))"
     )
     out = subprocess.run(

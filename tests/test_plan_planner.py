@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from glm53.host.facts import read_host_facts
 from glm53.plan.checkpoint_facts import (
     ModelFacts,
     load_architecture,
@@ -17,7 +18,6 @@ from glm53.plan.planner import (
     Infeasible,
     ServingShape,
     build_plan,
-    read_host_facts,
 )
 from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint

@@ -1,44 +1,48 @@
-"""Host preflight: facts read once from a root (/proc, /sys, /dev/shm) and NVML; checks are pure functions.
+"""Host preflight and the host audit: one check engine over facts read once, thresholds from repro.lock.json.
 
-    read_facts(root, ...) -> HostFacts          I/O: files under root, NVML, a test bind of the port
-    run_checks(facts, needs) -> DoctorReport    pure: one Check per line, each failure with its fix
+    read_facts(root, ...) -> DoctorFacts           I/O: the host (glm53.host.facts), the port, the checkpoint
+    run_checks(facts, needs, limits) -> Report     pure: one Check per line, each failure with its fix
+    audit_host(host, limits) -> Report             pure: this host against the validated hardware
 
 `needs` (what the profile asks of the host: GPUs, pinned memory, RAM) comes from `requirements_for(profile)`,
 so the `cpu-tiny` profile passes on a machine without a GPU while `agent-256k` says plainly what is missing.
+`limits` (driver floor, the engine's compute capabilities, the validated GPU and memory) come from
+repro.lock.json through `limits_from_lock`, the same pins `glm53 repro` audits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
 import re
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.host.gpus import GpuInfo, NoGpu, read_gpus
-from glm53.host.memory import HostMemory, read_host_memory
+from glm53.host.facts import HostFacts, read_host_facts
+from glm53.host.gpus import GpuInfo, read_gpus
 from glm53.host.native_libs import MissingLibrary, describe_missing, missing_engine_libraries
 from glm53.serve.profiles import Profile
+
+if TYPE_CHECKING:
+    from glm53.repro import ReproLock
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
 GIB = 1 << 30
 MIB = 1 << 20
-MIN_DRIVER_MAJOR = 580
 MIN_KERNEL = (5, 14)
 GPU_USED_WARN_BYTES = 1000 * MIB
-GPU_MIN_TOTAL_BYTES = 23_000 * MIB
+# NVML reports a card's memory a little under its marketed size: 97% of the validated figure is the same card.
+GPU_MEMORY_TOLERANCE = 0.97
+SYSTEM_MEMORY_TOLERANCE = 0.95
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # Serving overhead on top of the offloaded weights (the planner's reserve), and the tiny model's footprint.
 HOST_OVERHEAD_BYTES = 10 * GIB
 TINY_RAM_BYTES = 4 * GIB
-# Names of shared-memory segments vLLM and torch multiprocessing create (Python's SharedMemory, torch, NCCL).
-SHM_SEGMENT = re.compile(r"^(psm_|wnsm_|torch_|nccl|vllm|sem\.mp-)")
+ENGINE_LIBRARIES_CHECK = "engine libraries"
 
 
 class Check(BaseModel):
@@ -73,29 +77,59 @@ class Requirements(BaseModel):
     ram_bytes: int = TINY_RAM_BYTES
 
 
-class ShmSegment(BaseModel):
+class HostLimits(BaseModel):
+    """The thresholds of the checks, from repro.lock.json (engine.cuda and hardware)."""
+
     model_config = ConfigDict(frozen=True)
 
-    name: str
-    size_bytes: int
-    in_use: bool | None  # None: could not tell (another user's processes)
+    driver_min: int
+    cuda_version: str
+    capabilities: list[tuple[int, int]]  # what the engine's kernels are built for
+    gpu: str
+    gpu_count: int
+    gpu_memory_bytes: int
+    system_memory_bytes: int
+
+    @property
+    def gpu_memory_min_bytes(self) -> int:
+        return int(self.gpu_memory_bytes * GPU_MEMORY_TOLERANCE)
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        """Kernels built for X.y run on X.z with z >= y (CUDA's binary compatibility)."""
+        return any(capability[0] == major and capability[1] >= minor for major, minor in self.capabilities)
+
+    @property
+    def capabilities_text(self) -> str:
+        return ", ".join(f"sm_{major}{minor}" for major, minor in self.capabilities)
 
 
-class HostFacts(BaseModel):
-    machine: str
-    kernel_release: str | None
-    cpu_flags: list[str]
-    memory: HostMemory | None
-    memory_error: str | None = None
-    memlock_soft_bytes: int | None  # None = unlimited
-    memlock_known: bool = True
-    shm_total_bytes: int | None
-    shm_free_bytes: int | None
-    shm_segments: list[ShmSegment]
-    thp: str | None
-    gpus: list[GpuInfo]
-    gpu_error: str | None
-    host: str
+def limits_from_lock(lock: ReproLock) -> HostLimits:
+    def capability(text: str) -> tuple[int, int]:
+        major, _, minor = text.partition(".")
+        return int(major), int(minor or 0)
+
+    hw = lock.hardware
+    return HostLimits(
+        driver_min=int(lock.engine.cuda.driver_min),
+        cuda_version=lock.engine.cuda.version,
+        capabilities=[capability(c) for c in lock.engine.cuda.capabilities],
+        gpu=hw.gpu,
+        gpu_count=hw.gpu_count,
+        gpu_memory_bytes=hw.gpu_memory_mib * MIB,
+        system_memory_bytes=hw.system_memory_gib * GIB,
+    )
+
+
+def load_limits() -> HostLimits:
+    from glm53.repro import load_repro_lock
+
+    return limits_from_lock(load_repro_lock())
+
+
+class TargetFacts(BaseModel):
+    """What a start would use besides the host: the address and the checkpoint."""
+
+    address: str
     port: int | None
     port_error: str | None  # None = free
     model_dir: str | None = None
@@ -103,105 +137,14 @@ class HostFacts(BaseModel):
     model_detail: str | None = None
     index_ok: bool | None = None
     index_detail: str | None = None
-    # Shared libraries the engine's extension modules need and the loader cannot find; None: not checked.
-    engine_libraries_missing: list[MissingLibrary] | None = None
 
 
-# ---------------------------------------------------------------- readers (I/O, everything under `root`)
+class DoctorFacts(BaseModel):
+    host: HostFacts
+    target: TargetFacts
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
-def read_cpu_flags(root: Path) -> list[str]:
-    text = _read(root / "proc/cpuinfo") or ""
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "flags":
-            return sorted(set(value.split()))
-    return []
-
-
-def read_memlock(root: Path) -> tuple[int | None, bool]:
-    """Soft RLIMIT_MEMLOCK from /proc/self/limits: (bytes or None for unlimited, whether it could be read)."""
-    text = _read(root / "proc/self/limits")
-    if text is None:
-        return None, False
-    for line in text.splitlines():
-        if line.startswith("Max locked memory"):
-            fields = line[len("Max locked memory") :].split()
-            if fields:
-                return (None if fields[0] == "unlimited" else int(fields[0])), True
-    return None, False
-
-
-def read_thp(root: Path) -> str | None:
-    text = _read(root / "sys/kernel/mm/transparent_hugepage/enabled")
-    if text is None:
-        return None
-    match = re.search(r"\[(\w+)\]", text)
-    return match.group(1) if match else text.strip()
-
-
-def _shm_users(root: Path, shm: Path) -> tuple[set[str], bool]:
-    """Names under /dev/shm that some process maps or holds open; and whether every process could be read."""
-    used: set[str] = set()
-    complete = True
-    proc = root / "proc"
-    prefix = "/dev/shm/"
-    try:
-        pids = [p for p in proc.iterdir() if p.name.isdigit()]
-    except OSError:
-        return used, False
-    for pid in pids:
-        try:
-            maps = (pid / "maps").read_text(errors="replace")
-        except FileNotFoundError:  # the process has exited
-            maps = ""
-        except OSError:  # another user's process
-            complete = False
-            maps = ""
-        for line in maps.splitlines():
-            where = line.find(prefix)
-            if where >= 0:
-                used.add(line[where + len(prefix) :].split()[0])
-        try:
-            fds = list((pid / "fd").iterdir())
-        except FileNotFoundError:
-            continue
-        except OSError:
-            complete = False
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                target = os.readlink(fd)
-                if target.startswith(prefix):
-                    used.add(target[len(prefix) :].removesuffix(" (deleted)"))
-    return used, complete
-
-
-def read_shm(root: Path) -> tuple[int | None, int | None, list[ShmSegment]]:
-    shm = root / "dev/shm"
-    try:
-        stats = os.statvfs(shm)
-        total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
-        names = sorted(p.name for p in shm.iterdir() if SHM_SEGMENT.match(p.name))
-    except OSError:
-        return None, None, []
-    used, complete = _shm_users(root, shm)
-    segments = []
-    for name in names:
-        try:
-            size = (shm / name).stat().st_size
-        except OSError:
-            continue
-        in_use: bool | None = True if name in used else (False if complete else None)
-        segments.append(ShmSegment(name=name, size_bytes=size, in_use=in_use))
-    return total, free, segments
+# ---------------------------------------------------------------- readers (I/O)
 
 
 def port_error(host: str, port: int) -> str | None:
@@ -247,49 +190,21 @@ def read_facts(
     gpu_reader: Callable[[], list[GpuInfo]] = read_gpus,
     engine_libraries: Callable[[], list[MissingLibrary]] = missing_engine_libraries,
     machine: str | None = None,
-) -> HostFacts:
-    memory: HostMemory | None = None
-    memory_error: str | None = None
-    try:
-        memory = read_host_memory(root)
-    except Exception as exc:  # a fact that cannot be read becomes a failed check, not a crash
-        memory_error = getattr(exc, "message", str(exc))
-    try:
-        gpus, gpu_error = gpu_reader(), None
-    except NoGpu as exc:
-        gpus, gpu_error = [], str(exc)
-    memlock, memlock_known = read_memlock(root)
-    shm_total, shm_free, segments = read_shm(root)
-    release = _read(root / "proc/sys/kernel/osrelease")
-    facts: dict[str, Any] = {
-        "machine": machine or os.uname().machine,
-        "kernel_release": release.strip() if release else None,
-        "cpu_flags": read_cpu_flags(root),
-        "memory": memory,
-        "memory_error": memory_error,
-        "memlock_soft_bytes": memlock,
-        "memlock_known": memlock_known,
-        "shm_total_bytes": shm_total,
-        "shm_free_bytes": shm_free,
-        "shm_segments": segments,
-        "thp": read_thp(root),
-        "gpus": gpus,
-        "gpu_error": gpu_error,
-        "host": host,
-        "port": port,
-        "port_error": port_error(host, port) if port is not None else None,
-        "engine_libraries_missing": engine_libraries(),
-    }
+) -> DoctorFacts:
+    target = TargetFacts(address=host, port=port, port_error=port_error(host, port) if port is not None else None)
     if model_dir is not None:
         verified, detail, index_ok, index_detail = read_model(model_dir)
-        facts |= {
-            "model_dir": str(model_dir),
-            "model_verified": verified,
-            "model_detail": detail,
-            "index_ok": index_ok,
-            "index_detail": index_detail,
-        }
-    return HostFacts.model_validate(facts)
+        target = target.model_copy(
+            update={
+                "model_dir": str(model_dir),
+                "model_verified": verified,
+                "model_detail": detail,
+                "index_ok": index_ok,
+                "index_detail": index_detail,
+            }
+        )
+    facts = read_host_facts(root, gpu_reader=gpu_reader, engine_libraries=engine_libraries, machine=machine)
+    return DoctorFacts(host=facts, target=target)
 
 
 # ---------------------------------------------------------------- checks (pure)
@@ -342,22 +257,18 @@ def check_platform(f: HostFacts) -> Check:
     )
 
 
-def check_gpus(f: HostFacts, need: Requirements) -> list[Check]:
+def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[Check]:
     if not f.gpus:
         if need.gpus == 0:
             return [
-                Check(
-                    name="gpus",
-                    status="ok",
-                    detail=f"no NVIDIA GPU: {f.gpu_error}; this profile runs on the CPU",
-                )
+                Check(name="gpus", status="ok", detail=f"no NVIDIA GPU: {f.gpu_error}; this profile runs on the CPU")
             ]
         return [
             Check(
                 name="gpus",
                 status="fail",
                 detail=f"no NVIDIA GPU: {f.gpu_error}; this profile needs {need.gpus}",
-                fix="run on the GPU machine (driver >= 580 installed), or use --profile cpu-tiny here",
+                fix=f"run on the GPU machine (driver >= {limits.driver_min} installed), or use --profile cpu-tiny here",
             )
         ]
     checks: list[Check] = []
@@ -371,46 +282,43 @@ def check_gpus(f: HostFacts, need: Requirements) -> list[Check]:
             + (f"; the profile needs {need.gpus}" if need.gpus else ""),
             fix=None
             if count_ok
-            else f"set TENSOR_PARALLEL_SIZE={len(f.gpus)} only if the model fits; the recipe needs 2x 24 GB",
+            else f"set TENSOR_PARALLEL_SIZE={len(f.gpus)} only if the model fits; the recipe needs "
+            f"{limits.gpu_count}x {limits.gpu_memory_bytes // GIB} GB",
         )
     )
-    driver = f.gpus[0].driver_version
-    major = _version_tuple(driver)[:1]
-    driver_ok = bool(major) and major[0] >= MIN_DRIVER_MAJOR
+    drivers = sorted({gpu.driver_version for gpu in f.gpus})
+    driver_ok = all(_version_tuple(d)[:1] >= (limits.driver_min,) for d in drivers)
     checks.append(
         Check(
             name="nvidia driver",
             status="ok" if driver_ok else ("fail" if need.gpus else "warn"),
-            detail=f"{driver} (need >= {MIN_DRIVER_MAJOR} for CUDA 13 userspace)",
-            fix=None if driver_ok else f"install NVIDIA driver {MIN_DRIVER_MAJOR} or newer",
+            detail=f"{', '.join(drivers)} (need >= {limits.driver_min} for CUDA {limits.cuda_version} userspace)",
+            fix=None if driver_ok else f"install NVIDIA driver {limits.driver_min} or newer",
         )
     )
     for gpu in f.gpus:
-        cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
-        cc_ok = gpu.compute_capability >= (8, 0)
-        big = gpu.memory_total_bytes >= GPU_MIN_TOTAL_BYTES
+        cc = f"sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+        cc_ok = limits.runs_on(gpu.compute_capability)
+        big = gpu.memory_total_bytes >= limits.gpu_memory_min_bytes
         status: Status = "ok"
         problems: list[str] = []
-        fix = None
+        fixes: list[str] = []
         if not cc_ok or (need.gpus and not big):
             status = "fail" if need.gpus else "warn"
             if not cc_ok:
-                problems.append(f"compute capability {cc} < 8.0")
-                fix = "the EXL3 kernels need Ampere (sm_80/sm_86) or newer"
+                problems.append(f"the engine's kernels are built for {limits.capabilities_text}, not {cc}")
+                fixes.append(f"rebuild the engine for {cc} (engine.cuda.capabilities in repro.lock.json)")
             if not big:
-                problems.append(f"total below {_mib(GPU_MIN_TOTAL_BYTES)}")
-                fix = (fix + "; " if fix else "") + "use 24 GB cards"
+                problems.append(f"total below {_mib(limits.gpu_memory_min_bytes)}")
+                fixes.append(f"use {limits.gpu_memory_bytes // GIB} GB cards")
         elif gpu.memory_used_bytes > GPU_USED_WARN_BYTES:
             status = "warn"
             problems.append(f"{_mib(gpu.memory_used_bytes)} already in use")
-            fix = "close what holds VRAM (a desktop session, another server): see nvidia-smi"
-        detail = (
-            f"{gpu.name}, sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}, "
-            f"{_mib(gpu.memory_total_bytes)} total, {_mib(gpu.memory_free_bytes)} free"
-        )
+            fixes.append("close what holds VRAM (a desktop session, another server): see nvidia-smi")
+        detail = f"{gpu.name}, {cc}, {_mib(gpu.memory_total_bytes)} total, {_mib(gpu.memory_free_bytes)} free"
         if problems:
             detail += " — " + "; ".join(problems)
-        checks.append(Check(name=f"gpu {gpu.index}", status=status, detail=detail, fix=fix))
+        checks.append(Check(name=f"gpu {gpu.index}", status=status, detail=detail, fix="; ".join(fixes) or None))
     return checks
 
 
@@ -429,8 +337,7 @@ def check_ram(f: HostFacts, need: Requirements) -> Check:
         else f"cgroup v{m.cgroup_version} limit {_gib(m.cgroup_limit_bytes)}"
     )
     detail = (
-        f"{_gib(m.mem_total_bytes)} RAM, {limit}, usable {_gib(m.effective_limit_bytes)}; "
-        f"needs {_gib(need.ram_bytes)}"
+        f"{_gib(m.mem_total_bytes)} RAM, {limit}, usable {_gib(m.effective_limit_bytes)}; needs {_gib(need.ram_bytes)}"
     )
     if m.effective_limit_bytes < need.ram_bytes:
         return Check(
@@ -499,9 +406,7 @@ def check_shm(f: HostFacts) -> list[Check]:
                 name="stale shm segments",
                 status="warn",
                 detail=f"{len(stale)} left by a stopped server ({_size(total)}): {names}",
-                fix="rm "
-                + " ".join(f"/dev/shm/{s.name}" for s in stale[:5])
-                + (" ..." if len(stale) > 5 else ""),
+                fix="rm " + " ".join(f"/dev/shm/{s.name}" for s in stale[:5]) + (" ..." if len(stale) > 5 else ""),
             )
         )
     elif unknown:
@@ -555,20 +460,20 @@ def check_kernel(f: HostFacts) -> Check:
     )
 
 
-def check_port(f: HostFacts) -> Check:
+def check_port(f: TargetFacts) -> Check:
     if f.port is None:
         return Check(name="port", status="skip", detail="no port given")
     if f.port_error is None:
-        return Check(name="port", status="ok", detail=f"{f.host}:{f.port} is free")
+        return Check(name="port", status="ok", detail=f"{f.address}:{f.port} is free")
     return Check(
         name="port",
         status="fail",
-        detail=f"{f.host}:{f.port} {f.port_error}",
+        detail=f"{f.address}:{f.port} {f.port_error}",
         fix=f"stop what listens there (ss -ltnp 'sport = :{f.port}') or pass --port",
     )
 
 
-def check_model(f: HostFacts) -> list[Check]:
+def check_model(f: TargetFacts) -> list[Check]:
     if f.model_dir is None:
         return [Check(name="model", status="skip", detail="no model directory given")]
     checks = [
@@ -613,11 +518,46 @@ def check_engine_libraries(f: HostFacts) -> Check:
     return Check(name=ENGINE_LIBRARIES_CHECK, status="fail", detail=detail, fix=fix)
 
 
-def run_checks(facts: HostFacts, need: Requirements, *, profile: str | None = None) -> DoctorReport:
-    checks: list[Check] = [check_platform(facts), check_engine_libraries(facts)]
-    checks += check_gpus(facts, need)
-    checks += [check_ram(facts, need), check_memlock(facts, need)]
-    checks += check_shm(facts)
-    checks += [check_thp(facts), check_cpu_flags(facts), check_kernel(facts), check_port(facts)]
-    checks += check_model(facts)
+def run_checks(
+    facts: DoctorFacts, need: Requirements, limits: HostLimits, *, profile: str | None = None
+) -> DoctorReport:
+    host = facts.host
+    checks: list[Check] = [check_platform(host), check_engine_libraries(host)]
+    checks += check_gpus(host, need, limits)
+    checks += [check_ram(host, need), check_memlock(host, need)]
+    checks += check_shm(host)
+    checks += [check_thp(host), check_cpu_flags(host), check_kernel(host), check_port(facts.target)]
+    checks += check_model(facts.target)
     return DoctorReport(profile=profile, checks=checks)
+
+
+def audit_host(host: HostFacts, limits: HostLimits) -> DoctorReport:
+    """This host against the validated hardware: the same GPU checks, with the validated count, plus the
+    GPU model and the system memory the published figures were measured with."""
+    need = Requirements(gpus=limits.gpu_count, ram_bytes=int(limits.system_memory_bytes * SYSTEM_MEMORY_TOLERANCE))
+    checks = check_gpus(host, need, limits)
+    if host.gpus:
+        names = [gpu.name for gpu in host.gpus]
+        same = all(limits.gpu.removeprefix("NVIDIA ") in name for name in names)
+        checks.append(
+            Check(
+                name="gpu model",
+                status="ok" if same else "fail",
+                detail=f"{', '.join(sorted(set(names)))}; validated {limits.gpu}",
+                fix=None if same else f"the published figures were measured on {limits.gpu}: expect others",
+            )
+        )
+    if host.memory is None:
+        checks.append(Check(name="system memory", status="fail", detail=f"cannot read: {host.memory_error}"))
+    else:
+        total = host.memory.mem_total_bytes
+        enough = total >= need.ram_bytes
+        checks.append(
+            Check(
+                name="system memory",
+                status="ok" if enough else "fail",
+                detail=f"{_gib(total)}, validated {_gib(limits.system_memory_bytes)}",
+                fix=None if enough else "fewer experts fit in host RAM: re-plan (glm53 plan)",
+            )
+        )
+    return DoctorReport(profile=None, checks=checks)

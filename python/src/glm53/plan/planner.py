@@ -22,8 +22,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput, CheckFailed, Unavailable
+from glm53.host.facts import HostFacts
+from glm53.host.gpus import GpuInfo
 from glm53.host.memory import HostMemory
-from glm53.host.topology import HostTopology
 from glm53.plan.cache_plan import CachePlan, plan_cache
 from glm53.plan.checkpoint_facts import ModelFacts
 from glm53.plan.cost_model import ASSUMED_GPU_MEMORY_BANDWIDTH, Bandwidth, CostModel, build_cost_model
@@ -74,13 +75,6 @@ class ServingShape(BaseModel):
     serving_overhead_bytes: int = Field(default=10 * GIB, ge=0)
     pool_threads: int | None = Field(default=None, ge=0)  # cap on CPU pool threads over all ranks
     decode_context_tokens: int = Field(default=8192, gt=0)  # context at which decode speed is predicted
-
-
-class HostFacts(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    memory: HostMemory
-    topology: HostTopology
 
 
 class GpuLedger(BaseModel):
@@ -273,7 +267,7 @@ def build_plan(
         )
     slots = min(slots, max_slots)
 
-    memory = host.memory
+    memory = host.require_memory()
     host_budget_bytes, budget_source = host_budget(memory, shape.host_reserve_bytes)
     pinned_pool = tp * slot_bytes * model.total_experts
     needed_host = pinned_pool + shape.serving_overhead_bytes
@@ -325,7 +319,7 @@ def build_plan(
                 unused_bytes=budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes - cache_bytes,
             )
         )
-    cpu_sets = plan_cpu_sets(host.topology, tp, shape.pool_threads)
+    cpu_sets = plan_cpu_sets(host.require_topology(), tp, shape.pool_threads)
     if not any(cpu_sets.pools):
         warnings.append("no CPU pool threads: every core stays with serving (too few cores per L3 domain)")
     cost = build_cost_model(
@@ -365,11 +359,10 @@ def build_plan(
     )
 
 
-def read_host_facts(root: Path = Path("/")) -> HostFacts:
-    from glm53.host.memory import read_host_memory
-    from glm53.host.topology import read_topology
-
-    return HostFacts(memory=read_host_memory(root), topology=read_topology(root))
+def gpu_spec(gpu: GpuInfo) -> GpuSpec:
+    return GpuSpec(
+        index=gpu.index, name=gpu.name, total_bytes=gpu.memory_total_bytes, used_bytes=gpu.memory_used_bytes
+    )
 
 
 def detect_gpus(nvml: object | None = None) -> list[GpuSpec]:
@@ -377,18 +370,9 @@ def detect_gpus(nvml: object | None = None) -> list[GpuSpec]:
     from glm53.host.gpus import NoGpu, read_gpus
 
     try:
-        found = read_gpus(nvml)
+        return [gpu_spec(gpu) for gpu in read_gpus(nvml)]
     except NoGpu:
         return []
-    return [
-        GpuSpec(
-            index=gpu.index,
-            name=gpu.name,
-            total_bytes=gpu.memory_total_bytes,
-            used_bytes=gpu.memory_used_bytes,
-        )
-        for gpu in found
-    ]
 
 
 def shape_from_profile(profile: object) -> ServingShape:
@@ -435,11 +419,13 @@ def plan_for_host(
     learn_fraction: float = 0.8,
 ) -> Plan:
     """Read every fact from this machine (under `root`) and the files named, then plan."""
+    from glm53.host.facts import read_host_facts
     from glm53.plan.checkpoint_facts import model_facts
     from glm53.plan.cost_model import read_probe_bandwidth
     from glm53.plan.traces import read_routing_stats
 
-    found = gpus if gpus is not None else detect_gpus()
+    host = read_host_facts(root, engine_libraries=None)
+    found = gpus if gpus is not None else [gpu_spec(gpu) for gpu in host.gpus]
     if not found:
         raise Unavailable(
             "no NVIDIA GPU found on this machine",
@@ -448,7 +434,7 @@ def plan_for_host(
     stats = read_routing_stats(stats_path) if stats_path is not None else None
     return build_plan(
         model_facts(model_dir),
-        read_host_facts(root),
+        host,
         found,
         shape,
         stats=stats,
@@ -463,7 +449,6 @@ __all__ = [
     "PLAN_VERSION",
     "GpuLedger",
     "GpuSpec",
-    "HostFacts",
     "HostLedger",
     "Infeasible",
     "KvPlan",
@@ -473,7 +458,6 @@ __all__ = [
     "detect_gpus",
     "host_budget",
     "plan_for_host",
-    "read_host_facts",
     "shape_from_profile",
     "workspace_estimate",
 ]

@@ -62,12 +62,13 @@ def dry_run(req: ServeRequest) -> DryRun:
 def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:
     """Doctor's checks for this profile; on failure nothing starts (exit 2 for the request's own port or
     checkpoint, exit 3 for the host)."""
-    from glm53.host.doctor import read_facts, requirements_for, run_checks
+    from glm53.host.doctor import load_limits, read_facts, requirements_for, run_checks
 
     spec = launch.spec
     report = run_checks(
         read_facts(req.root, host=spec.host, port=spec.port, model_dir=req.model_dir),
         requirements_for(launch.profile),
+        load_limits(),
         profile=req.profile,
     )
     for check in report.checks:

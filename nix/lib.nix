@@ -49,6 +49,29 @@ let
     else
       builtins.concatStringsSep "" (map (key: "${key}=${renderValue key settings.${key}}\n") keys);
 
+  # The packaged profiles are the .env files glm53 ships: the module offers exactly those.
+  profileNames = map (name: builtins.head (builtins.match "(.*)[.]env" name)) (
+    builtins.filter (name: builtins.match ".*[.]env" name != null) (
+      builtins.attrNames (builtins.readDir ../python/src/glm53/data/profiles)
+    )
+  );
+
+  # The address as given: whether it may be used (loopback, or any address with listenAll) is glm53's
+  # rule, applied by the build-time check below and again at start; Nix does not decide it.
+  addressArgs =
+    {
+      host ? "127.0.0.1",
+      port ? lock.runtime.port,
+      listenAll ? false,
+    }:
+    [
+      "--host"
+      host
+      "--port"
+      (toString port)
+    ]
+    ++ (if listenAll then [ "--listen-all" ] else [ ]);
+
   # The command line a service runs; everything about the engine comes from the profile and env file.
   serveArgs =
     {
@@ -57,6 +80,7 @@ let
       envFile,
       host ? "127.0.0.1",
       port ? lock.runtime.port,
+      listenAll ? false,
       apiKeyFile ? null,
     }:
     [
@@ -67,13 +91,29 @@ let
       (toString modelDir)
       "--env-file"
       (toString envFile)
-      "--host"
-      host
-      "--port"
-      (toString port)
     ]
-    ++ (if host == "127.0.0.1" || host == "::1" || host == "localhost" then [ ] else [ "--listen-all" ])
+    ++ addressArgs { inherit host port listenAll; }
     ++ (if apiKeyFile == null then [ ] else [ "--api-key-file" (toString apiKeyFile) ]);
+
+  # The build-time settings check: `glm53 profile check` resolves the same launch as `serve` would
+  # (profile, env file, address), without reading the build machine.
+  checkArgs =
+    {
+      profile,
+      envFile,
+      host ? "127.0.0.1",
+      port ? lock.runtime.port,
+      listenAll ? false,
+    }:
+    [
+      "profile"
+      "check"
+      "--profile"
+      profile
+      "--env-file"
+      (toString envFile)
+    ]
+    ++ addressArgs { inherit host port listenAll; };
 
   pins = {
     inherit (lock.engine)
@@ -92,7 +132,9 @@ in
     pins
     requirePin
     renderEnvFile
+    profileNames
     serveArgs
+    checkArgs
     ;
   version = "0.1.0";
 }

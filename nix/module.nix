@@ -10,13 +10,21 @@
 let
   cfg = config.services.glm53;
   envFile = pkgs.writeText "glm53-${cfg.profile}.env" (glmLib.renderEnvFile cfg.settings);
-  # Fails the system build when a key is unknown to the profile or a value does not parse.
+  glm53 = lib.getExe' cfg.package "glm53";
+  # Fails the system build when a key is unknown to the profile, a value does not parse, or the address
+  # is not loopback without listenAll: glm53 resolves the launch as it will at start.
   checkedEnvFile = pkgs.runCommand "glm53-settings-checked" { } ''
-    ${lib.getExe cfg.package} profile check --profile ${lib.escapeShellArg cfg.profile} --env-file ${envFile}
+    ${lib.escapeShellArgs (
+      [ glm53 ]
+      ++ glmLib.checkArgs {
+        inherit (cfg) profile host port listenAll;
+        inherit envFile;
+      }
+    )}
     ln -s ${envFile} $out
   '';
   args = glmLib.serveArgs {
-    inherit (cfg) profile host port;
+    inherit (cfg) profile host port listenAll;
     modelDir = cfg.modelDir;
     envFile = checkedEnvFile;
     apiKeyFile = if cfg.apiKeyFile == null then null else "%d/api-key";
@@ -34,10 +42,7 @@ in
     };
 
     profile = lib.mkOption {
-      type = lib.types.enum [
-        "agent-256k"
-        "prefill-256k"
-      ];
+      type = lib.types.enum glmLib.profileNames;
       default = glmLib.lock.runtime.default_profile;
       description = "The validated profile whose argv and environment are launched.";
     };
@@ -71,7 +76,16 @@ in
     host = lib.mkOption {
       type = lib.types.str;
       default = "127.0.0.1";
-      description = "Address to listen on. Anything but loopback is passed with --listen-all.";
+      description = "Address to listen on (an IP address). Anything but loopback also needs listenAll.";
+    };
+
+    listenAll = lib.mkOption {
+      type = lib.types.bool;
+      default = false;
+      description = ''
+        Accept connections from other machines. glm53 refuses a host that is not loopback without it, at
+        build time (the settings check) and at start; set apiKeyFile as well.
+      '';
     };
 
     port = lib.mkOption {
@@ -113,8 +127,8 @@ in
         TRITON_CACHE_DIR = "/var/cache/glm53/triton";
       };
       serviceConfig = {
-        ExecStartPre = "${lib.getExe' cfg.package "glm53"} doctor --profile ${cfg.profile} --model-dir ${cfg.modelDir} --port ${toString cfg.port}";
-        ExecStart = lib.escapeShellArgs ([ (lib.getExe' cfg.package "glm53") ] ++ args ++ [ "--skip-preflight" ]);
+        ExecStartPre = "${glm53} doctor --profile ${cfg.profile} --model-dir ${cfg.modelDir} --port ${toString cfg.port}";
+        ExecStart = lib.escapeShellArgs ([ glm53 ] ++ args ++ [ "--skip-preflight" ]);
         LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ "api-key:${cfg.apiKeyFile}" ];
         Restart = "on-failure";
         RestartSec = 90;

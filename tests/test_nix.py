@@ -104,8 +104,39 @@ def test_serve_args_keep_loopback_unless_told() -> None:
                      "--host", "127.0.0.1", "--port", "8000"]
     remote = json.loads(nix_eval(lib_expr(
         'lib.serveArgs { profile = "agent-256k"; modelDir = "/m"; envFile = "/e"; host = "0.0.0.0"; '
-        'apiKeyFile = "/run/credentials/glm53.service/api-key"; }')).stdout)
+        'listenAll = true; apiKeyFile = "/run/credentials/glm53.service/api-key"; }')).stdout)
     assert remote[-3:] == ["--listen-all", "--api-key-file", "/run/credentials/glm53.service/api-key"]
+    # Nix passes the address through; it never adds --listen-all on its own.
+    bare = json.loads(nix_eval(lib_expr(
+        'lib.serveArgs { profile = "agent-256k"; modelDir = "/m"; envFile = "/e"; host = "0.0.0.0"; }')).stdout)
+    assert "--listen-all" not in bare
+
+
+def test_the_module_offers_exactly_the_packaged_profiles() -> None:
+    from glm53.serve.profiles import PROFILE_NAMES
+
+    assert json.loads(nix_eval(lib_expr("lib.profileNames")).stdout) == sorted(PROFILE_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("address", "code"),
+    [
+        ("host = \"127.0.0.1\";", 0),
+        ("host = \"::1\";", 0),
+        ("host = \"localhost\";", 2),  # not an IP address: glm53 refuses it, so the build does too
+        ("host = \"0.0.0.0\";", 2),
+        ("host = \"0.0.0.0\"; listenAll = true;", 0),
+    ],
+)
+def test_the_build_time_check_decides_the_address_as_serve_does(tmp_path: Path, address: str, code: int) -> None:
+    env_file = tmp_path / "glm53.env"
+    env_file.write_text(nix_eval(lib_expr("lib.renderEnvFile { MAX_MODEL_LEN = 131072; }"), raw=True).stdout)
+    argv = json.loads(nix_eval(lib_expr(
+        f'lib.checkArgs {{ profile = "agent-256k"; envFile = "{env_file}"; {address} }}')).stdout)
+    result = run_glm53(*argv)
+    assert result.returncode == code, result.stderr
+    if code:
+        assert "--host" in result.stderr
 
 
 def run_glm53(*args: str) -> subprocess.CompletedProcess[str]:

@@ -16,11 +16,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput, CheckFailed, Unavailable
+from glm53.output import Output
 from glm53.serve.chat_template import bounded_template_text
 
 TINY_MODEL_NAME = "glm53-tiny"
@@ -282,3 +283,30 @@ def prepare_demo_model(model_dir: Path | None = None, *, rebuild: bool = False) 
 def sample_request(base_url: str, model_name: str) -> str:
     body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
     return f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+
+
+def demo_start_checks(host: str, port: int) -> None:
+    """Before the model is built: the address, the engine's libraries and the port, in seconds."""
+    from glm53.host.doctor import port_error
+    from glm53.host.native_libs import require_engine_libraries
+    from glm53.serve.launch import check_host
+
+    check_host(host, listen_all=False)
+    require_engine_libraries()
+    problem = port_error(host, port)
+    if problem is not None:
+        raise BadInput(f"--port {port}: {host}:{port} is {problem}", hint="pass another --port")
+
+
+def serve_demo(demo: DemoModel, host: str, port: int, out: Output) -> NoReturn:
+    """Serve the tiny model through the one launch path, `--profile cpu-tiny`."""
+    from glm53.serve.resolve import ServeRequest
+    from glm53.serve.start import start
+
+    base_url = f"http://{host}:{port}"
+    out.info(
+        f"starting vLLM (CPU) on {base_url}; it answers GET {base_url}/health in about 45 s on 2 cores. "
+        "Ctrl-C stops it."
+    )
+    out.info("try:\n  " + sample_request(base_url, TINY_MODEL_NAME))
+    start(ServeRequest(profile="cpu-tiny", model_dir=demo.model_dir, host=host, port=port), out)

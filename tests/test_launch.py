@@ -217,7 +217,7 @@ def test_api_key_file_problems_are_bad_input(tmp_path: Path) -> None:
 
     with pytest.raises(BadInput, match="not found"):
         read_api_key(tmp_path / "missing")
-    with pytest.raises(BadInput, match="cannot read"):
+    with pytest.raises(BadInput, match="is not a regular file"):
         read_api_key(tmp_path)
     empty = tmp_path / "empty"
     empty.write_text("\n")

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -73,18 +74,66 @@ def _write_error(path: Path, exc: OSError) -> BadInput:
     return BadInput(f"cannot write {path}: {exc}")
 
 
-def read_json(path: Path, *, what: str) -> Any:
-    """Read a JSON file, turning every failure into a BadInput that names the file."""
+# Files a person hands to a command (env files, keys, plans, locks) are small; anything bigger is a mistake
+# such as /dev/zero, and is refused before it is read into memory.
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+
+
+def read_bytes_bounded(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`. A FIFO, a device or a directory is refused before
+    anything is read (a FIFO would block forever, /dev/zero would fill memory)."""
+    path = Path(path)
     try:
-        raw = Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
-        raise BadInput(f"{what} not found: {path}") from exc
+        raise BadInput(f"{what}: {path} not found") from exc
     except OSError as exc:
-        raise BadInput(f"cannot read {what} {path}: {exc.strerror}") from exc
+        raise BadInput(f"{what}: cannot read {path}: {exc.strerror}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadInput(f"{what}: {path} is not a regular file", hint="pass the file itself, not a pipe or device")
+        if info.st_size > max_bytes:
+            raise BadInput(f"{what}: {path} is {info.st_size:,} bytes, more than the {max_bytes:,} this takes")
+        data = b""
+        while len(data) <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - len(data))):
+            data += chunk
+    except OSError as exc:
+        raise BadInput(f"{what}: cannot read {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise BadInput(f"{what}: {path} grew past {max_bytes:,} bytes while being read")
+    return data
+
+
+def read_text_bounded(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    data = read_bytes_bounded(path, what=what, max_bytes=max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{what}: {path} is not UTF-8 text (byte {exc.start})") from exc
+
+
+def parse_json(raw: str | bytes, *, what: str, hint: str | None = None) -> Any:
+    """JSON from any source (a file, a server, a value), every failure a BadInput that names it: bad syntax,
+    bad UTF-8, nesting deeper than Python's recursion allows, integers longer than Python converts."""
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{what} {path} is not valid JSON: {exc}", hint="restore or regenerate the file") from exc
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{what} is not valid JSON: {exc}", hint=hint) from exc
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{what} is not UTF-8 JSON (byte {exc.start})", hint=hint) from exc
+    except RecursionError as exc:
+        raise BadInput(f"{what}: JSON nested too deeply to read", hint=hint) from exc
+    except ValueError as exc:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        raise BadInput(f"{what}: {exc}", hint=hint) from exc
+
+
+def read_json(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTES) -> Any:
+    """Read a JSON file, turning every failure into a BadInput that names the file."""
+    raw = read_bytes_bounded(path, what=what, max_bytes=max_bytes)
+    return parse_json(raw, what=f"{what} {path}", hint="restore or regenerate the file")
 
 
 def safe_relative_path(name: str, *, what: str) -> PurePosixPath:
@@ -103,6 +152,8 @@ def resolve_inside(root: Path, relative: PurePosixPath, *, what: str) -> Path:
     candidate = root_real / relative
     real = candidate.resolve()
     if real != root_real and root_real not in real.parents:
-        raise BadInput(f"{what}: {relative} resolves to {real}, outside {root_real}",
-                       hint="replace the symlink with the file itself")
+        raise BadInput(
+            f"{what}: {relative} resolves to {real}, outside {root_real}",
+            hint="replace the symlink with the file itself",
+        )
     return candidate

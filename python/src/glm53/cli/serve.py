@@ -72,7 +72,7 @@ def serve_cmd(
     if dry_run:
         from glm53.serve.render import render_dry_run
 
-        result = start.dry_run(req)
+        result = start.dry_run(req, out)
         out.result(result, lambda console: render_dry_run(console, result))
         return
     start.start(req, out)

@@ -18,6 +18,9 @@ from glm53.errors import BadInput
 _CPU_DIR = re.compile(r"^cpu(\d+)$")
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _INDEX_DIR = re.compile(r"^index(\d+)$")
+# Linux's largest configurable CPU count (NR_CPUS on x86-64): a bigger id is a typo, not a machine.
+MAX_CPUS = 8192
+_CPU_HINT = "use this host's CPU ids (lscpu -e)"
 
 
 def parse_cpu_list(text: str, *, what: str = "CPU list") -> tuple[int, ...]:
@@ -31,11 +34,15 @@ def parse_cpu_list(text: str, *, what: str = "CPU list") -> tuple[int, ...]:
         if not item:
             continue
         low, dash, high = item.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise BadInput(f"{what}: {item!r} is not a CPU number or range", hint="use the form 0-3,8,10-11")
+        if not re.fullmatch(r"[0-9]+", low) or (dash and not re.fullmatch(r"[0-9]+", high)):
+            raise BadInput(f"{what}: {item[:40]!r} is not a CPU number or range", hint="use the form 0-3,8,10-11")
+        if max(len(low), len(high)) > len(str(MAX_CPUS)):
+            raise BadInput(f"{what}: {item[:40]!r} is beyond the {MAX_CPUS} CPUs Linux supports", hint=_CPU_HINT)
         start, end = int(low), int(high) if dash else int(low)
         if end < start:
             raise BadInput(f"{what}: range {item!r} runs backwards", hint="write ranges low-high")
+        if end >= MAX_CPUS:
+            raise BadInput(f"{what}: CPU {end} is beyond the {MAX_CPUS} CPUs Linux supports", hint=_CPU_HINT)
         cpus.update(range(start, end + 1))
     return tuple(sorted(cpus))
 

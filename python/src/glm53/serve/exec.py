@@ -16,30 +16,39 @@ from pathlib import Path
 from typing import NoReturn
 
 from glm53.errors import BadInput, Unavailable
+from glm53.fsutil import read_text_bounded
 from glm53.serve.launch import LaunchSpec, environment_for_exec
+
+API_KEY_MAX_BYTES = 64 * 1024
 
 
 def read_api_key(path: Path) -> str:
-    """The first line of `path`, stripped. An unreadable, empty or world-readable file is bad input."""
+    """The first line of `path`, stripped. A missing, unreadable, empty, world-readable or non-regular file
+    (a pipe would block) is bad input."""
     try:
         info = path.stat()
-        raw = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise BadInput(f"--api-key-file: {path} not found") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise BadInput(
-            f"--api-key-file: cannot read {path}: {reason}",
-            hint="check the file's owner and mode (chmod 600)",
-        ) from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise BadInput(f"--api-key-file: {path} is not a regular file")
+    except OSError as exc:
+        raise BadInput(f"--api-key-file: cannot read {path}: {exc.strerror}") from exc
+    if stat.S_ISREG(info.st_mode) and info.st_mode & stat.S_IROTH:
+        raise BadInput(f"--api-key-file: {path} is readable by every user", hint=f"chmod 600 {path}")
+    raw = read_text_bounded(path, what="--api-key-file", max_bytes=API_KEY_MAX_BYTES)
     key = raw.strip().splitlines()[0].strip() if raw.strip() else ""
     if not key:
         raise BadInput(f"--api-key-file: {path} is empty", hint="write the key on the first line")
-    if info.st_mode & stat.S_IROTH:
-        raise BadInput(f"--api-key-file: {path} is readable by every user", hint=f"chmod 600 {path}")
     return key
+
+
+def api_key_file_warning(path: Path) -> str | None:
+    """A key file other users of its group can read works, but deserves a word."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if mode & stat.S_IRGRP:
+        return f"--api-key-file: {path} is readable by its group; chmod 600 {path} keeps the key to its owner"
+    return None
 
 
 def apply_affinity(cpus: list[int] | None) -> None:

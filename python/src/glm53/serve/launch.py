@@ -61,6 +61,13 @@ class LaunchSpec(BaseModel):
         return f"http://{host}:{self.port}"
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_host(host: str, *, listen_all: bool) -> str:
     """127.0.0.1 by default; an address other than loopback needs the explicit `--listen-all` flag."""
     try:

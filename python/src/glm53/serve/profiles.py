@@ -17,7 +17,7 @@ Every value is checked against its key's kind (int, float, bool, json, ...) and 
 from __future__ import annotations
 
 import difflib
-import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
+from glm53.fsutil import parse_json
 
 Kind = Literal["str", "int", "float", "bool", "json", "path"]
 Role = Literal["flag", "env"]
@@ -43,6 +44,7 @@ PROFILE_NAMES = tuple(
     )
 )
 DEFAULT_PROFILE = "agent-256k"
+ENV_FILE_MAX_BYTES = 1 << 20
 BUILTIN_CHAT_TEMPLATE = "builtin:bounded"
 
 
@@ -60,31 +62,58 @@ class KeySpec:
     recipe: bool = True  # one of the recipe's 76 keys (config.runtime.env), or added by glm53
     flag: str | None = None  # the vLLM flag of a flag key
     style: FlagStyle = "value"
+    # Inclusive range of an int or float key; every number must also be finite.
+    bounds: tuple[float, float] = (0, 2**62)
 
 
-def _env(key: str, doc: str, kind: Kind = "str", *, recipe: bool = True) -> KeySpec:
-    return KeySpec(key, kind, "env", doc, recipe)
+_DEFAULT_BOUNDS = KeySpec.bounds
+_INT31 = 2**31 - 1
 
 
-def _flag(key: str, kind: Kind, flag: str, doc: str, *, recipe: bool = True, style: FlagStyle | None = None) -> KeySpec:
-    return KeySpec(key, kind, "flag", doc, recipe, flag, style or ("bool" if kind == "bool" else "value"))
+def _env(
+    key: str, doc: str, kind: Kind = "str", *, recipe: bool = True, bounds: tuple[float, float] = _DEFAULT_BOUNDS
+) -> KeySpec:
+    return KeySpec(key, kind, "env", doc, recipe, bounds=bounds)
+
+
+def _flag(
+    key: str,
+    kind: Kind,
+    flag: str,
+    doc: str,
+    *,
+    recipe: bool = True,
+    style: FlagStyle | None = None,
+    bounds: tuple[float, float] = _DEFAULT_BOUNDS,
+) -> KeySpec:
+    return KeySpec(key, kind, "flag", doc, recipe, flag, style or ("bool" if kind == "bool" else "value"), bounds)
 
 
 # The flag keys, in the argv order of the recipe's `config.launch` (the server's --host and --port, which are
 # not profile keys, follow SERVED_MODEL_NAME); then the keys exported to the engine's environment.
 _SPECS: tuple[KeySpec, ...] = (
     _flag("SERVED_MODEL_NAME", "str", "--served-model-name", "the model id clients send"),
-    _flag("TENSOR_PARALLEL_SIZE", "int", "--tensor-parallel-size", "GPUs the model is split over"),
+    _flag("TENSOR_PARALLEL_SIZE", "int", "--tensor-parallel-size", "GPUs the model is split over", bounds=(1, 64)),
     _flag("DISTRIBUTED_EXECUTOR_BACKEND", "str", "--distributed-executor-backend", "mp or ray", recipe=False),
     _flag("MODEL_IMPL", "str", "--model-impl", "vllm or transformers", recipe=False),
     _flag("QUANTIZATION", "str", "--quantization", "exl3 needs the GLM-5.3 overlay", recipe=False),
     _flag("DTYPE", "str", "--dtype", "activation dtype", recipe=False),
-    _flag("MAX_MODEL_LEN", "int", "--max-model-len", "context window in tokens"),
-    _flag("MAX_NUM_SEQS", "int", "--max-num-seqs", "concurrent sequences"),
-    _flag("MAX_NUM_BATCHED_TOKENS", "int", "--max-num-batched-tokens", "tokens per scheduler step (prefill chunk)"),
+    _flag("MAX_MODEL_LEN", "int", "--max-model-len", "context window in tokens", bounds=(1, _INT31)),
+    _flag("MAX_NUM_SEQS", "int", "--max-num-seqs", "concurrent sequences", bounds=(1, 65536)),
+    _flag(
+        "MAX_NUM_BATCHED_TOKENS",
+        "int",
+        "--max-num-batched-tokens",
+        "tokens per scheduler step (prefill chunk)",
+        bounds=(1, _INT31),
+    ),
     _flag("CHUNKED_PREFILL", "bool", "--enable-chunked-prefill", "chunked prefill (1) or not (0)", recipe=False),
-    _flag("GPU_MEMORY_UTILIZATION", "float", "--gpu-memory-utilization", "fraction of VRAM vLLM may use"),
-    _flag("KV_CACHE_MEMORY_BYTES", "int", "--kv-cache-memory-bytes", "KV cache size per GPU, in bytes"),
+    _flag(
+        "GPU_MEMORY_UTILIZATION", "float", "--gpu-memory-utilization", "fraction of VRAM vLLM may use", bounds=(0.01, 1)
+    ),
+    _flag(
+        "KV_CACHE_MEMORY_BYTES", "int", "--kv-cache-memory-bytes", "KV cache size per GPU, in bytes", bounds=(1, 2**50)
+    ),
     _flag(
         "KV_CACHE_DTYPE",
         "str",
@@ -93,7 +122,7 @@ _SPECS: tuple[KeySpec, ...] = (
         recipe=False,
     ),
     _flag("OFFLOAD_BACKEND", "str", "--offload-backend", "auto | prefetch | uva", recipe=False),
-    _flag("CPU_OFFLOAD_GB", "int", "--cpu-offload-gb", "GiB of weights kept in host memory"),
+    _flag("CPU_OFFLOAD_GB", "int", "--cpu-offload-gb", "GiB of weights kept in host memory", bounds=(0, 65536)),
     _flag("CPU_OFFLOAD_PARAMS", "str", "--cpu-offload-params", "which parameters are offloaded", recipe=False),
     _flag(
         "COMPILATION_MODE",
@@ -102,6 +131,7 @@ _SPECS: tuple[KeySpec, ...] = (
         "its mode (0 = no torch.compile)",
         recipe=False,
         style="compilation",
+        bounds=(0, 3),
     ),
     _flag("CUDA_GRAPH_MODE", "str", "--compilation-config", "its cudagraph_mode", style="compilation"),
     _flag("PREFIX_CACHING", "bool", "--enable-prefix-caching", "prefix caching (1) or not (0)"),
@@ -129,7 +159,12 @@ _SPECS: tuple[KeySpec, ...] = (
     _env("EXL3_LRU_CAPACITY_PLAN", "LAYER:SLOTS:PINNED per MoE layer, comma-separated (planner output)"),
     _env("EXL3_VMM_HOT_RANKINGS", "hot-expert rankings file: {layer: [expert ids, hottest first]}", "path"),
     _env("EXL3_VMM_HOT_EXPERTS", "GPU slots per layer for hot experts"),
-    _env("EXL3_PINNED_FRAC", "pinned share of the GPU expert slots (planner output; the recipe used 0.2)", "float"),
+    _env(
+        "EXL3_PINNED_FRAC",
+        "pinned share of the GPU expert slots (planner output; the recipe used 0.2)",
+        "float",
+        bounds=(0, 1),
+    ),
     _env("VLLM_UVA_OFFLOAD_EXACT_HOST_REGISTER", "register exactly the offloaded host pages for UVA"),
     _env("EXL3_LRU_GATHER_IMPL", "kernel that gathers missed experts into cache slots"),
     _env("EXL3_LRU_GATHER_BLOCK", "gather kernel block size"),
@@ -153,7 +188,9 @@ _SPECS: tuple[KeySpec, ...] = (
     _env("EXL3_HYBRID_ADMIT_CPU", "admit CPU-served experts into the GPU cache"),
     _env("EXL3_HYBRID_FUSED_SUBMIT", "submit CPU expert work in one call per layer"),
     _env("EXL3_HYBRID_OVERLAP_GATHER", "overlap CPU expert work with the GPU gather"),
-    _env("OMP_NUM_THREADS", "OpenMP threads: the CPU pool's threads per rank (planner output)", "int"),
+    _env(
+        "OMP_NUM_THREADS", "OpenMP threads: the CPU pool's threads per rank (planner output)", "int", bounds=(1, 65536)
+    ),
     _env("EXL3_PREFILL_DMA_STAGE_EXPERTS", "experts staged per DMA batch during prefill"),
     _env("EXL3_PREFILL_DMA_MIN_TOKENS", "prefill size from which experts are streamed by DMA"),
     _env("EXL3_PREFILL_DMA_FAT_MODE", "DMA prefill through the fat kernel"),
@@ -191,14 +228,19 @@ _SPECS: tuple[KeySpec, ...] = (
     _env("VLLM_GLM53_EMBED_UVA", "embedding table in host memory through UVA"),
     _env("VLLM_GLM53_DETERMINISTIC_TOPK", "deterministic indexer top-k"),
     _env("VLLM_KV_CACHE_LAYOUT", "KV cache layout (e.g. NHD / HND)"),
-    _env("VLLM_DEFAULT_THINKING_TOKEN_BUDGET", "thinking tokens before reasoning_end_str is forced", "int"),
+    _env(
+        "VLLM_DEFAULT_THINKING_TOKEN_BUDGET",
+        "thinking tokens before reasoning_end_str is forced",
+        "int",
+        bounds=(0, _INT31),
+    ),
     _env("GLM53_PRESERVE_REASONING_TURNS", "assistant turns whose reasoning is kept in the prompt"),
     # Environment glm53 adds: offline serving, and vLLM's CPU backend.
     _env("HF_HUB_OFFLINE", "serve the verified local checkpoint; never reach the Hub", "bool", recipe=False),
     _env("TRANSFORMERS_OFFLINE", "same for transformers", "bool", recipe=False),
     _env("VLLM_NO_USAGE_STATS", "no usage reporting", "bool", recipe=False),
     _env("DO_NOT_TRACK", "no usage reporting (generic switch)", "bool", recipe=False),
-    _env("VLLM_CPU_KVCACHE_SPACE", "GiB of KV cache on vLLM's CPU backend", "int", recipe=False),
+    _env("VLLM_CPU_KVCACHE_SPACE", "GiB of KV cache on vLLM's CPU backend", "int", recipe=False, bounds=(1, 65536)),
     _env(
         "VLLM_CPU_OMP_THREADS_BIND",
         "CPU backend: cores the engine's OpenMP threads bind to (auto, 0-3, ...)",
@@ -357,24 +399,33 @@ def _check_value(spec: KeySpec, value: str, *, where: str) -> None:
     if value == "":
         return
     bad: str | None = None
+    number: float | None = None
     if spec.kind == "int":
         if not re.fullmatch(r"-?[0-9]+", value):
             bad = "an integer"
+        else:  # a 40-digit number is out of every range; do not convert it
+            number = int(value) if len(value) <= 30 else math.inf
     elif spec.kind == "float":
         try:
-            float(value)
+            number = float(value)
         except ValueError:
             bad = "a number"
+        else:
+            if not math.isfinite(number):
+                bad, number = "a finite number", None
     elif spec.kind == "bool":
         if value.lower() not in _TRUE | _FALSE:
             bad = "1 or 0 (true/false, yes/no, on/off)"
     elif spec.kind == "json":
         try:
-            json.loads(value)
-        except json.JSONDecodeError:
+            parse_json(value, what=spec.key)
+        except BadInput:
             bad = "valid JSON"
+    if number is not None and not spec.bounds[0] <= number <= spec.bounds[1]:
+        low, high = (f"{b:g}" if spec.kind == "float" else f"{int(b):,}" for b in spec.bounds)
+        bad = f"between {low} and {high}"
     if bad:
-        raise BadInput(f"{where}: {spec.key}={value!r} is not {bad}", hint=f"{spec.key}: {spec.doc}")
+        raise BadInput(f"{where}: {spec.key}={value[:60]!r} is not {bad}", hint=f"{spec.key}: {spec.doc}")
 
 
 def _profile_text(name: str) -> str:
@@ -462,10 +513,7 @@ def load_profile(
 
 
 def read_env_file(path: Path) -> tuple[Path, str]:
-    """Read an env file for `load_profile`, naming the file in every error."""
-    try:
-        return path, Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise BadInput(f"--env-file: {path} not found") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--env-file: cannot read {path}: {exc}") from exc
+    """Read an env file for `load_profile`, naming the file in every error (a pipe or a huge file too)."""
+    from glm53.fsutil import read_text_bounded
+
+    return path, read_text_bounded(path, what="--env-file", max_bytes=ENV_FILE_MAX_BYTES)

@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput, Unavailable
-from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput, build_launch
+from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput, build_launch, is_loopback
 from glm53.serve.profiles import DEFAULT_PROFILE, KEYS, Profile, load_profile, parse_set_options, read_env_file
 
 # Where a dry run without --model-dir shows the checkpoint (the image mounts it there).
@@ -66,6 +66,8 @@ class Launch(BaseModel):
     spec: LaunchSpec
     profile: Profile
     plan: PlanStatus
+    # What deserves a word before the start, e.g. a server open to the network without an API key.
+    warnings: list[str] = []
     # Read from --api-key-file; never dumped, never printed, never in argv.
     api_key: str | None = Field(default=None, exclude=True, repr=False)
 
@@ -125,7 +127,7 @@ def resolve_launch(
     build-time check, whose host is not this machine. need_model: the checkpoint directory must exist.
     """
     from glm53.host.doctor import requirements_for
-    from glm53.serve.exec import read_api_key
+    from glm53.serve.exec import api_key_file_warning, read_api_key
     from glm53.serve.flags import vllm_command
 
     env_file = read_env_file(req.env_file) if req.env_file is not None else None
@@ -163,7 +165,15 @@ def resolve_launch(
         plan=plan,
         api_key=api_key is not None,
     )
-    return Launch(spec=spec, profile=profile, plan=status, api_key=api_key)
+    warnings = []
+    if req.api_key_file is not None and (group_readable := api_key_file_warning(req.api_key_file)):
+        warnings.append(group_readable)
+    if req.listen_all and not is_loopback(req.host) and api_key is None:
+        warnings.append(
+            f"--listen-all: {req.host}:{req.port} will answer every machine that reaches it, without an API key; "
+            "pass --api-key-file FILE (chmod 600)"
+        )
+    return Launch(spec=spec, profile=profile, plan=status, warnings=warnings, api_key=api_key)
 
 
 def _plan_here(

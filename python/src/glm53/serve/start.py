@@ -30,6 +30,7 @@ class DryRun(BaseModel):
     command: str
     flag_check: FlagCheck
     plan: PlanStatus
+    warnings: list[str]
     # Every profile key with a value: {"value", "origin", "source"}.
     values: dict[str, dict[str, str]]
 
@@ -43,14 +44,17 @@ def describe(launch: Launch, flag_check: FlagCheck) -> DryRun:
         command=shlex.join(launch.spec.argv),
         flag_check=flag_check,
         plan=launch.plan,
+        warnings=launch.warnings,
         values=values,
     )
 
 
-def dry_run(req: ServeRequest) -> DryRun:
+def dry_run(req: ServeRequest, out: Output) -> DryRun:
     from glm53.serve.flags import check_flags
 
     launch = resolve_launch(req, need_model=False)
+    for warning in launch.warnings:
+        out.warn(warning)
     flags = (
         check_flags(launch.spec.argv)
         if not req.skip_flag_check
@@ -93,6 +97,8 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
     require_engine_libraries()
     # Planning impossible is reported after preflight, so that one run names every problem of the host.
     launch = resolve_launch(req)
+    for warning in launch.warnings:
+        out.warn(warning)
     if not req.skip_preflight:
         preflight(req, launch, out)
     if launch.plan.source == "impossible":

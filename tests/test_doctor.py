@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from glm53.host.doctor import (
-    DoctorReport,
     DoctorFacts,
+    DoctorReport,
     audit_host,
     limits_from_lock,
     load_limits,

@@ -91,11 +91,11 @@ def test_a_plan_env_cannot_allocate_four_billion_cpus(tmp_path: Path) -> None:
 def test_json_readers_name_the_file_for_deep_nesting_and_huge_integers(tmp_path: Path) -> None:
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(BadInput, match="deep.json: JSON nested too deeply"):
+    with pytest.raises(BadInput, match=r"deep\.json: JSON nested too deeply"):
         read_json(deep, what="lock")
     big = tmp_path / "big.json"
     big.write_text('{"size": ' + "9" * 5000 + "}")
-    with pytest.raises(BadInput, match="big.json: .*4300 digits"):
+    with pytest.raises(BadInput, match=r"big\.json: .*4300 digits"):
         read_json(big, what="lock")
     with pytest.raises(BadInput, match="not UTF-8"):
         parse_json(b'{"a": "\xff"}', what="a server's answer")

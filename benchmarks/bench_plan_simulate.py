@@ -21,10 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.comparison import compare_policies
-from glm53.plan.cost_model import build_cost_model, read_probe_bandwidth
-from glm53.plan.kv_budget import derive_kv
+from glm53.plan.comparison import compare_policies, trace_cost_model
 from glm53.plan.render import render_comparison
 from glm53.plan.traces import SyntheticTraceSpec, read_trace, synthesize_trace
 
@@ -57,13 +54,7 @@ def main() -> int:
         )
     console.print(f"trace ready in {time.perf_counter() - started:.1f} s ({source})")
 
-    model = load_architecture()
-    cost = build_cost_model(
-        model,
-        derive_kv(model, 2),
-        tensor_parallel_size=2,
-        bandwidth=read_probe_bandwidth(args.bandwidth) if args.bandwidth else None,
-    )
+    cost = trace_cost_model(trace, tensor_parallel_size=2, bandwidth_path=args.bandwidth)
     report = compare_policies(trace, (0.08, 0.17, 0.33), learn_fraction=0.2, cost=cost, source=source)
     render_comparison(report, console)
 

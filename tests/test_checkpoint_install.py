@@ -39,14 +39,14 @@ def test_the_stock_index_omits_kpool_and_mtp(checkpoint: Path) -> None:
     assert not check.ok and check.repairable
     assert set(check.unindexed) == {"kpool_aux.safetensors", "mtp.safetensors"}
     assert len(check.unindexed["kpool_aux.safetensors"]) == 2 * len(TinySpec().dsa_layers) == 4
-    result = run_glm53("model", "install", str(checkpoint), "--check")
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint), "--check")
     assert result.code == 1
     assert "kpool_aux.safetensors (4)" in result.stdout and "mtp.safetensors (145)" in result.stdout
 
 
 def test_install_repairs_once_and_keeps_the_original(checkpoint: Path) -> None:
     original = (checkpoint / INDEX).read_bytes()
-    result = run_glm53("model", "install", str(checkpoint), "--json")
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
     assert payload["changed"] is True
@@ -60,9 +60,9 @@ def test_install_repairs_once_and_keeps_the_original(checkpoint: Path) -> None:
     assert index["metadata"]["total_size"] == sum(h.tensor_bytes for h in headers.values())
     assert "model.language_model.layers.7.self_attn.indexer.index_kpool_compress_ape" in index["weight_map"]
 
-    assert run_glm53("model", "install", str(checkpoint), "--check").code == 0
+    assert run_glm53("model", "install", "--model-dir", str(checkpoint), "--check").code == 0
     stamp = (checkpoint / INDEX).stat().st_mtime_ns
-    again = run_glm53("model", "install", str(checkpoint))
+    again = run_glm53("model", "install", "--model-dir", str(checkpoint))
     assert again.code == 0 and "nothing to change" in again.stdout
     assert (checkpoint / INDEX).stat().st_mtime_ns == stamp
     assert (checkpoint / BACKUP).read_bytes() == original
@@ -72,7 +72,7 @@ def test_a_tensor_in_two_files_is_refused(checkpoint: Path) -> None:
     # A stray kpool file from another quant: same names, and the loader would glob it too.
     shutil.copy(checkpoint / "kpool_aux.safetensors", checkpoint / "kpool_aux.4.05bpw.safetensors")
     before = snapshot(checkpoint)
-    result = run_glm53("model", "install", str(checkpoint))
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint))
     assert result.code == 1
     assert "more than one file" in result.stderr and "kpool_aux.4.05bpw.safetensors" in result.stderr
     assert snapshot(checkpoint) == before
@@ -97,7 +97,7 @@ def test_a_checkpoint_that_does_not_match_the_spec_is_reported(checkpoint: Path,
 
     write_safetensors(checkpoint / "kpool_aux.safetensors", kpool, np.random.default_rng(1))
     before = snapshot(checkpoint)
-    result = run_glm53("model", "install", str(checkpoint))
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint))
     assert result.code == 1
     assert "glm53-flash-exl3" in result.stderr and "lacks 2 kpool tensors" in result.stderr
     assert snapshot(checkpoint) == before
@@ -107,15 +107,15 @@ def test_a_missing_aux_file_is_reported(checkpoint: Path) -> None:
     (checkpoint / "mtp.safetensors").unlink()
     check = check_index(checkpoint)
     assert any("mtp.safetensors is missing" in p for p in check.spec_problems)
-    assert run_glm53("model", "install", str(checkpoint)).code == 1
+    assert run_glm53("model", "install", "--model-dir", str(checkpoint)).code == 1
 
 
 def test_dangling_index_entries_are_refused(checkpoint: Path) -> None:
     (checkpoint / "model-00003-of-00003.safetensors").unlink()
-    result = run_glm53("model", "install", str(checkpoint), "--check", "--json")
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint), "--check", "--json")
     assert result.code == 1
     assert result.json()["before"]["dangling"][0]["reason"] == "file missing"
-    assert run_glm53("model", "install", str(checkpoint)).code == 1
+    assert run_glm53("model", "install", "--model-dir", str(checkpoint)).code == 1
     assert not (checkpoint / BACKUP).exists()
 
 
@@ -134,7 +134,7 @@ def test_a_malformed_index_is_bad_input(checkpoint: Path, edit, message: str) ->
     path = checkpoint / INDEX
     path.write_text(edit(path.read_text()))
     before = snapshot(checkpoint)
-    result = run_glm53("model", "install", str(checkpoint))
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint))
     assert result.code == 2
     assert INDEX in result.stderr and message in result.stderr
     assert snapshot(checkpoint) == before
@@ -144,7 +144,7 @@ def test_a_hostile_header_is_bad_input(checkpoint: Path) -> None:
     aux = checkpoint / "kpool_aux.safetensors"
     aux.write_bytes((2**40).to_bytes(8, "little") + aux.read_bytes()[8:])
     before = snapshot(checkpoint)
-    result = run_glm53("model", "install", str(checkpoint))
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint))
     assert result.code == 2 and "kpool_aux.safetensors" in result.stderr
     assert snapshot(checkpoint) == before
 
@@ -154,14 +154,14 @@ def test_an_aux_symlink_leaving_the_directory_is_bad_input(checkpoint: Path, tmp
     outside.mkdir()
     shutil.move(checkpoint / "mtp.safetensors", outside / "mtp.safetensors")
     (checkpoint / "mtp.safetensors").symlink_to(outside / "mtp.safetensors")
-    result = run_glm53("model", "install", str(checkpoint))
+    result = run_glm53("model", "install", "--model-dir", str(checkpoint))
     assert result.code == 2 and "outside" in result.stderr
 
 
 def test_a_missing_model_dir_or_index_is_bad_input(tmp_path: Path) -> None:
-    assert run_glm53("model", "install", str(tmp_path / "absent")).code == 2
+    assert run_glm53("model", "install", "--model-dir", str(tmp_path / "absent")).code == 2
     (tmp_path / "empty").mkdir()
-    result = run_glm53("model", "install", str(tmp_path / "empty"))
+    result = run_glm53("model", "install", "--model-dir", str(tmp_path / "empty"))
     assert result.code == 2 and INDEX in result.stderr
 
 
@@ -192,11 +192,11 @@ def test_install_into_a_read_only_dir_is_bad_input(tmpfs: tuple[Path, list[str]]
     write_tiny_glm53_checkpoint(mnt)
     subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
     before = snapshot(mnt)
-    result = run_glm53("model", "install", str(mnt))
+    result = run_glm53("model", "install", "--model-dir", str(mnt))
     assert result.code == 2
     assert "read-only" in result.stderr
     assert snapshot(mnt) == before
-    assert run_glm53("model", "install", str(mnt), "--check").code == 1  # checking needs no writes
+    assert run_glm53("model", "install", "--model-dir", str(mnt), "--check").code == 1  # checking needs no writes
 
 
 def fill(mnt: Path, leave: int) -> None:
@@ -220,7 +220,7 @@ def test_no_space_left_leaves_the_index_untouched(tmpfs: tuple[Path, list[str]],
     # With room for the backup only, the failure comes at the index write, and the backup is taken back.
     fill(mnt, leave=(mnt / INDEX).stat().st_size + 4096 if room_for_backup else 0)
     before = snapshot(mnt)
-    result = run_glm53("model", "install", str(mnt))
+    result = run_glm53("model", "install", "--model-dir", str(mnt))
     assert result.code == 2
     assert "no space left" in result.stderr
     assert (BACKUP if not room_for_backup else f"{INDEX} ") in result.stderr.replace("\n", " ")
@@ -237,11 +237,11 @@ def test_a_single_file_checkpoint_needs_no_index(tmp_path: Path) -> None:
     (root / "config.json").write_text(json.dumps({"model_type": "glm4_moe"}))
     check = check_index(root)
     assert check.ok and check.spec is None and check.indexed_tensors == 2
-    result = run_glm53("model", "install", str(root))
+    result = run_glm53("model", "install", "--model-dir", str(root))
     assert result.code == 0 and "nothing to change" in result.stdout
     assert sorted(p.name for p in root.iterdir()) == ["config.json", "model.safetensors"]
     (root / "model-2.safetensors").write_bytes((root / "model.safetensors").read_bytes())
-    result = run_glm53("model", "install", str(root), "--check")
+    result = run_glm53("model", "install", "--model-dir", str(root), "--check")
     assert result.code == 2 and INDEX in result.stderr
 
 
@@ -252,7 +252,7 @@ def test_full_scale_kpool_is_held_to_the_published_totals(tmp_path: Path) -> Non
     check = check_index(root)
     # Tiny shapes at the full layer count: the kpool bytes cannot match the published ones.
     assert any("published 22 / 11,545,600" in p for p in check.spec_problems)
-    assert run_glm53("model", "install", str(root)).code == 1
+    assert run_glm53("model", "install", "--model-dir", str(root)).code == 1
 
     # The real kpool shapes: gate [128, 4096] and ape [4, 128] in BF16 over DSA layers 3, 7, ..., 43.
     real = TinySpec(layers=45, hidden=4096, index_head_dim=128, index_kpool=4)

@@ -39,7 +39,7 @@ def test_lock_from_directory_records_every_file(checkpoint: Path) -> None:
     (checkpoint / ".cache" / "huggingface" / "state").write_text("tool state")
     (checkpoint / ".git" / "lfs").mkdir(parents=True)
     (checkpoint / ".git" / "lfs" / "object").write_text("a git clone's second copy")
-    result = run_glm53("model", "lock", str(checkpoint), "--repo", REPO, "--revision", REV, "--json")
+    result = run_glm53("model", "lock", "--model-dir", str(checkpoint), "--repo", REPO, "--revision", REV, "--json")
     assert result.code == 0, result.stderr
     lock = load_lock(checkpoint / LOCK_FILENAME)
     assert result.json()["lock"] == str(checkpoint / LOCK_FILENAME)
@@ -62,11 +62,11 @@ def test_lock_from_directory_records_every_file(checkpoint: Path) -> None:
 def test_an_existing_lock_is_kept_without_force(checkpoint: Path) -> None:
     target = checkpoint / LOCK_FILENAME
     target.write_text("{}")
-    refused = run_glm53("model", "lock", str(checkpoint))
+    refused = run_glm53("model", "lock", "--model-dir", str(checkpoint))
     assert refused.code == 2
     assert "already exists" in refused.stderr and "--force" in refused.stderr
     assert target.read_text() == "{}"
-    assert run_glm53("model", "lock", str(checkpoint), "--force").code == 0
+    assert run_glm53("model", "lock", "--model-dir", str(checkpoint), "--force").code == 0
     assert load_lock(target).files
 
 
@@ -74,14 +74,14 @@ def test_lock_refuses_a_symlink_leaving_the_directory(checkpoint: Path, tmp_path
     outside = tmp_path / "elsewhere.bin"
     outside.write_bytes(b"secret")
     (checkpoint / "link.bin").symlink_to(outside)
-    result = run_glm53("model", "lock", str(checkpoint))
+    result = run_glm53("model", "lock", "--model-dir", str(checkpoint))
     assert result.code == 2
     assert "link.bin" in result.stderr and "outside" in result.stderr
     assert not (checkpoint / LOCK_FILENAME).exists()
 
 
 def test_lock_of_a_missing_directory_is_bad_input(tmp_path: Path) -> None:
-    result = run_glm53("model", "lock", str(tmp_path / "nope"))
+    result = run_glm53("model", "lock", "--model-dir", str(tmp_path / "nope"))
     assert result.code == 2 and "not found" in result.stderr
 
 
@@ -113,13 +113,13 @@ def test_malformed_locks_are_refused_naming_the_field(checkpoint: Path, tmp_path
     with pytest.raises(BadInput) as caught:
         load_lock(path)
     assert str(path) in caught.value.message and message in caught.value.message
-    result = run_glm53("model", "verify", str(checkpoint), "--lock", str(path))
+    result = run_glm53("model", "verify", "--model-dir", str(checkpoint), "--lock", str(path))
     assert result.code == 2
 
 
 def test_a_lock_that_is_not_json_is_bad_input(checkpoint: Path) -> None:
     (checkpoint / LOCK_FILENAME).write_text('{"files": [')
-    result = run_glm53("model", "verify", str(checkpoint))
+    result = run_glm53("model", "verify", "--model-dir", str(checkpoint))
     assert result.code == 2
     assert "not valid JSON" in result.stderr and LOCK_FILENAME in result.stderr
 

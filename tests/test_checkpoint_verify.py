@@ -41,7 +41,7 @@ def flip_byte(path: Path, offset: int = -1) -> None:
 
 
 def test_an_intact_checkpoint_passes(locked: Path) -> None:
-    result = run_glm53("model", "verify", str(locked), "--json")
+    result = run_glm53("model", "verify", "--model-dir", str(locked), "--json")
     assert result.code == 0, result.stderr
     report = result.json()
     assert report["ok"] is True
@@ -57,7 +57,7 @@ def test_each_problem_is_reported_by_path_and_fails(locked: Path) -> None:
     flip_byte(locked / SHARD)
     shutil.copy(locked / "kpool_aux.safetensors", locked / "kpool_aux-old.safetensors")
     (locked / "NOTES.txt").write_text("mine")
-    result = run_glm53("model", "verify", str(locked), "--json")
+    result = run_glm53("model", "verify", "--model-dir", str(locked), "--json")
     assert result.code == 1
     report = result.json()
     assert report["ok"] is False
@@ -67,7 +67,7 @@ def test_each_problem_is_reported_by_path_and_fails(locked: Path) -> None:
     assert report["hash_mismatch"][0]["actual"] == sha256_file(locked / SHARD)
     assert report["stray_safetensors"] == ["kpool_aux-old.safetensors"]
     assert report["extra_files"] == ["NOTES.txt"]
-    human = run_glm53("model", "verify", str(locked))
+    human = run_glm53("model", "verify", "--model-dir", str(locked))
     assert human.code == 1
     for needle in ("missing", "config.json", "size mismatch", "hash mismatch", SHARD, "stray safetensors",
                    "kpool_aux-old.safetensors", "FAILED"):
@@ -159,15 +159,15 @@ def test_symlinks_inside_pass_and_leaving_ones_are_bad_input(locked: Path, tmp_p
     outside = tmp_path / "outside.safetensors"
     shutil.move(locked / SHARD, outside)
     (locked / SHARD).symlink_to(outside)
-    result = run_glm53("model", "verify", str(locked))
+    result = run_glm53("model", "verify", "--model-dir", str(locked))
     assert result.code == 2
     assert SHARD in result.stderr and "outside" in result.stderr
 
 
 def test_bad_directory_and_missing_lock_are_bad_input(tmp_path: Path) -> None:
-    assert run_glm53("model", "verify", str(tmp_path / "absent")).code == 2
+    assert run_glm53("model", "verify", "--model-dir", str(tmp_path / "absent")).code == 2
     (tmp_path / "empty").mkdir()
-    result = run_glm53("model", "verify", str(tmp_path / "empty"))
+    result = run_glm53("model", "verify", "--model-dir", str(tmp_path / "empty"))
     assert result.code == 2 and "glm53 model lock" in result.stderr
     with pytest.raises(BadInput):
         verify_checkpoint(tmp_path / "empty", tmp_path / "nope.json")
@@ -186,8 +186,8 @@ def test_an_installed_checkpoint_still_verifies_against_the_upstream_lock(locked
 
 
 def test_jobs_flag_is_validated(locked: Path) -> None:
-    assert run_glm53("model", "verify", str(locked), "--jobs", "0").code == 2
-    assert run_glm53("model", "verify", str(locked), "--jobs", "3", "--no-cache").code == 0
+    assert run_glm53("model", "verify", "--model-dir", str(locked), "--jobs", "0").code == 2
+    assert run_glm53("model", "verify", "--model-dir", str(locked), "--jobs", "3", "--no-cache").code == 0
 
 
 def test_a_file_written_while_it_is_hashed_is_reported_and_not_cached(tmp_path: Path) -> None:

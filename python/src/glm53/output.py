@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class Output:
@@ -38,3 +42,79 @@ class Output:
     @property
     def interactive(self) -> bool:
         return self.err.is_terminal and not self.json_mode
+
+    @contextmanager
+    def progress(
+        self, description: str, *, total: int | None = None, in_bytes: bool = False
+    ) -> Iterator[ProgressBar]:
+        """A progress bar on stderr while the block runs, with the elapsed time (counts) or the transfer rate
+        (`in_bytes`); silent off a terminal and with --json. A bytes bar appears at its first `start`."""
+        if not self.interactive:
+            yield ProgressBar(None, description, echo=self.info)
+            return
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        description_column = TextColumn("{task.description}")
+        columns = (
+            (description_column, BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+            if in_bytes
+            else (SpinnerColumn(), description_column, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        )
+        with Progress(*columns, console=self.err, transient=True) as display:
+            bar = ProgressBar(display, description, echo=self.info)
+            if not in_bytes:
+                bar.update(description, 0, total)
+            yield bar
+
+
+class ProgressBar:
+    """One bar of a live display, or nothing when the display is off (then `step` lines still go to stderr).
+
+    Implements glm53.checkpoint.hashing.HashProgress and glm53.checkpoint.hub.DownloadProgress (`start`,
+    `advance`: fed from worker threads, and rich's updates are thread-safe), the planner's staged counts
+    (`update`) and bench's one line per finished item (`step`)."""
+
+    def __init__(self, display: Progress | None, description: str, *, echo: Callable[[str], None]) -> None:
+        self._display = display
+        self._description = description
+        self._echo = echo
+        self._task: TaskID | None = None
+
+    def start(self, total_bytes: int, files: int, done: int = 0) -> None:
+        """The bar over `files` files; `done` bytes already there (a resumed download) start it off."""
+        self.update(f"{self._description} {files} files", done, total_bytes)
+
+    def advance(self, nbytes: int) -> None:
+        if self._display is not None and self._task is not None:
+            self._display.update(self._task, advance=nbytes)
+
+    def update(self, description: str, done: int, total: int | None) -> None:
+        """Show `done` of `total` (None: not known yet) under `description`."""
+        if self._display is None:
+            return
+        if self._task is None:
+            self._task = self._display.add_task(description, total=total, completed=done)
+        else:
+            self._display.update(self._task, description=description, completed=done, total=total)
+
+    def step(self, line: str) -> None:
+        """One item finished: print its line (above the bar) and count it."""
+        if self._display is None:
+            self._echo(line)
+            return
+        self._display.console.print(line, highlight=False)
+        self.advance(1)
+
+    def stage(self, description: str) -> ProgressBar:
+        """Another bar in the same display, for a later step of the same command (one live display at a time)."""
+        return ProgressBar(self._display, description, echo=self._echo)

@@ -27,7 +27,7 @@ from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.stream import StreamOutcome, decode_rate
-from glm53.errors import BadInput, invalid_document
+from glm53.errors import BadInput, CheckFailed, invalid_document
 from glm53.fsutil import read_json
 
 TASKS_SCHEMA: Literal["glm53.agent-tasks/1"] = "glm53.agent-tasks/1"
@@ -189,6 +189,17 @@ class ChatStreamer(Protocol):
     def metrics_text(self) -> str | None: ...
 
 
+def check_fits(system_tokens: int, max_tokens: int, max_model_len: int | None) -> None:
+    """The shared system prompt and one turn's answer must leave room in the server's context for the
+    conversation itself."""
+    if max_model_len is not None and system_tokens + max_tokens >= max_model_len:
+        raise BadInput(
+            f"--system-tokens {system_tokens} + --max-tokens {max_tokens} leave no room for the "
+            f"conversation: the server's max_model_len is {max_model_len}",
+            hint="pass smaller --system-tokens or --max-tokens",
+        )
+
+
 def run_agent(
     client: ChatStreamer,
     prompts: PromptFactory,
@@ -338,3 +349,13 @@ def agent_gates(section: AgentSection, under: dict[str, float], over: dict[str, 
             "s",
         )
     return gates
+
+
+def require_completed_turns(section: AgentSection, report: Path) -> None:
+    """Exit 1 (CheckFailed) when no turn completed: the session measured nothing, whatever the gates."""
+    if not any(turn.error is None for turn in section.turns):
+        first = section.turns[0].error if section.turns else "no turn ran"
+        raise CheckFailed(
+            f"agent: none of the {len(section.turns)} turns completed (first error: {first})",
+            hint=f"each turn's error is in {report}",
+        )

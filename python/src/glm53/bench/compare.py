@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from glm53.bench.agent import AgentSection
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
-from glm53.bench.report import Summary
+from glm53.bench.report import Summary, load_summary
 from glm53.bench.runner import RUN_FAIL_OVER, RUN_FAIL_UNDER, run_gates
 from glm53.errors import BadInput
 
@@ -177,6 +178,24 @@ def compare_to_recipe(
     if summary.agent is not None:
         rows.extend(_agent_rows(recipe.agent, summary.agent))
     return Comparison(a_label=f"recipe ({profile})", b_label=label, rows=rows)
+
+
+class ComparedReports(BaseModel):
+    comparison: Comparison
+    candidate: Summary
+    candidate_path: Path = Field(description="the report the gates judge: B, or A alone")
+
+
+def compare_reports(a: Path, b: Path | None, *, profile: str | None = None) -> ComparedReports:
+    """A vs B, or (without B) the recipe's `profile` vs A."""
+    first = load_summary(a)
+    if b is None:
+        return ComparedReports(
+            comparison=compare_to_recipe(first, profile=profile, label=str(a)), candidate=first, candidate_path=a
+        )
+    candidate = load_summary(b)
+    comparison = compare_summaries(first, candidate, a_label=str(a), b_label=str(b))
+    return ComparedReports(comparison=comparison, candidate=candidate, candidate_path=b)
 
 
 COMPARE_FAIL_UNDER = RUN_FAIL_UNDER

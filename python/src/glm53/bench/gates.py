@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, CheckFailed
 
 
 class GateResult(BaseModel):
@@ -50,6 +50,19 @@ def parse_thresholds(
             )
         thresholds[key] = value
     return thresholds
+
+
+def parse_limits(
+    fail_under: str | None,
+    under_allowed: Mapping[str, str],
+    fail_over: str | None,
+    over_allowed: Mapping[str, str],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """--fail-under and --fail-over, each parsed against the metrics it may name."""
+    return (
+        parse_thresholds(fail_under, under_allowed, flag="--fail-under"),
+        parse_thresholds(fail_over, over_allowed, flag="--fail-over"),
+    )
 
 
 def minimum_gates(
@@ -105,3 +118,14 @@ def _finite(value: float | None) -> float | None:
 
 def failed(gates: Iterable[GateResult]) -> list[GateResult]:
     return [gate for gate in gates if not gate.passed]
+
+
+def enforce_gates(section: str, gates: list[GateResult], *, report: str) -> None:
+    """Exit 1 (CheckFailed) when a gate of `section` failed; `report` names where every value is kept."""
+    bad = failed(gates)
+    if bad:
+        names = ", ".join(f"{g.name} ({g.subject})" for g in bad)
+        raise CheckFailed(
+            f"{section}: {len(bad)} of {len(gates)} gates failed: {names}",
+            hint=f"{report} keeps every value and reason",
+        )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from glm53.bench.compare import RecipePoint
+from glm53.bench.compare import RecipePoint, recipe_performance
 from glm53.bench.runner import RunSection
-from glm53.errors import Unavailable
+from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_bytes
 
 TTFT_PNG = "ttft_vs_context.png"
@@ -77,3 +78,19 @@ def write_plots(
         atomic_write_bytes(path, buffer.getvalue())
         written.append(path)
     return written
+
+
+def write_report_plots(run: RunSection, out_dir: Path, *, warn: Callable[[str], None]) -> list[Path]:
+    """The PNGs beside summary.json, against the recipe's default profile. The summary is written by then: a
+    plot that cannot be made is a warning, so that it never hides the measured result."""
+    recipe = recipe_performance()
+    try:
+        return write_plots(
+            run,
+            out_dir,
+            recipe=recipe.profiles[recipe.default_profile],
+            recipe_label=f"recipe ({recipe.default_profile})",
+        )
+    except (Unavailable, BadInput) as exc:
+        warn(f"{exc.message}; plots skipped")
+        return []

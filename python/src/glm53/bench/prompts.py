@@ -11,10 +11,18 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from glm53.errors import CheckFailed
+from glm53.errors import BadInput, CheckFailed
 
 PromptStyle = Literal["prose", "random"]
 PROMPT_STYLES: tuple[PromptStyle, ...] = ("prose", "random")
+
+
+def parse_style(text: str, *, flag: str = "--style") -> PromptStyle:
+    for style in PROMPT_STYLES:
+        if text == style:
+            return style
+    raise BadInput(f"{flag} {text!r} is not one of {', '.join(PROMPT_STYLES)}")
+
 
 # Plain, varied filler written for this tool: long enough to tile without short-period repetition.
 BASE_PARAGRAPHS: tuple[str, ...] = (

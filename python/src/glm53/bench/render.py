@@ -1,18 +1,19 @@
-"""Rich tables for the bench reports (human output; `--json` prints the models instead)."""
+"""Rich tables for the bench reports (human output; `--json` prints the models instead), and the line each
+finished request prints while a measurement runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from glm53.bench.agent import AgentSection
+from glm53.bench.agent import AgentSection, TurnRecord
 from glm53.bench.coherence import CoherenceResult, CoherenceSection
 from glm53.bench.compare import Comparison, ComparisonRow
 from glm53.bench.gates import GateResult
-from glm53.bench.needle import NeedleSection
-from glm53.bench.runner import RunSection
+from glm53.bench.needle import NeedleResult, NeedleSection
+from glm53.bench.runner import RunRecord, RunSection
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -155,6 +156,40 @@ def agent_tables(console: Console, agent: AgentSection) -> None:
         ),
         title="agent session",
     )
+
+
+def run_line(record: RunRecord) -> str:
+    verdict = "valid" if record.valid else f"INVALID: {record.invalid_reason}"
+    return (
+        f"  {record.shape} run {record.run}: TTFT {_num(record.ttft_ms)} ms, "
+        f"decode {_num(record.decode_tok_s)} tok/s, {verdict}"
+    )
+
+
+def needle_line(result: NeedleResult) -> str:
+    return f"  {result.size_tokens} @ {result.depth:.2f}: {'pass' if result.passed else result.reason}"
+
+
+def coherence_line(result: CoherenceResult) -> str:
+    return f"  {result.name}: {'pass' if result.passed else result.reason}"
+
+
+def turn_line(turn: TurnRecord) -> str:
+    return f"  {turn.task} turn {turn.turn}: {_num(turn.latency_s)} s" + (f", {turn.error}" if turn.error else "")
+
+
+def with_gates(
+    render: Callable[[Console], None], gates: Sequence[GateResult], summary: str | None
+) -> Callable[[Console], None]:
+    """`render`, then the gates, then where the report was written (when one was)."""
+
+    def show(console: Console) -> None:
+        render(console)
+        gates_table(console, gates)
+        if summary is not None:
+            console.print(f"report: {summary}")
+
+    return show
 
 
 def gates_table(console: Console, gates: Sequence[GateResult]) -> None:

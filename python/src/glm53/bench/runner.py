@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
@@ -18,7 +19,7 @@ from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory, PromptStyle
 from glm53.bench.stream import StreamOutcome, decode_rate, prefill_rate
-from glm53.errors import BadInput
+from glm53.errors import BadInput, CheckFailed
 
 DEFAULT_SHAPES = "8192:2048,131072:2048,260096:2048"
 
@@ -266,3 +267,10 @@ def run_gates(run: RunSection, under: dict[str, float], over: dict[str, float]) 
         ]
         gates += maximum_gates("ttft", over["ttft"], values, "s")
     return gates
+
+
+def require_valid_runs(run: RunSection, report: Path) -> None:
+    """Exit 1 (CheckFailed) when a shape has no valid run: nothing of it was measured, whatever the gates."""
+    empty = [shape.shape for shape in run.shapes if shape.best.valid_runs == 0]
+    if empty:
+        raise CheckFailed(f"no valid run for {', '.join(empty)}", hint=f"each run's reason is in {report}")

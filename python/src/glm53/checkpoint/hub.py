@@ -270,7 +270,7 @@ def download_checkpoint(
     endpoint = hub_endpoint(endpoint)
     model_dir = Path(model_dir)
     if model_dir.exists() and not model_dir.is_dir():
-        raise BadInput(f"--dir {model_dir} exists and is not a directory")
+        raise BadInput(f"--model-dir {model_dir} exists and is not a directory")
     lock, path, created = resolve_lock(repo, revision, model_dir, lock_path, endpoint=endpoint)
     model_dir.mkdir(parents=True, exist_ok=True)
     fetcher = _Fetcher(repo, revision, model_dir, endpoint, progress, max_workers)

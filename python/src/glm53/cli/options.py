@@ -11,16 +11,23 @@ from glm53.serve.profiles import PROFILE_NAMES
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output file.")]
-ModelDirArg = Annotated[Path, typer.Argument(help="The checkpoint directory.", show_default=False)]
 LockOpt = Annotated[
     Path | None,
-    typer.Option("--lock", help="Checkpoint lock file (default: DIR/checkpoint.lock.json)."),
+    typer.Option("--lock", help="Checkpoint lock file (default: MODEL_DIR/checkpoint.lock.json)."),
 ]
 RevisionOpt = Annotated[str, typer.Option("--revision", help="Full 40-hex commit of the Hub repository.")]
 # The checkpoint directory, spelled the same in every command that takes one.
 ModelDirOpt = Annotated[
     Path | None,
     typer.Option("--model-dir", "-m", help="The checkpoint directory.", show_default=False),
+]
+RequiredModelDirOpt = Annotated[
+    Path, typer.Option("--model-dir", "-m", help="The checkpoint directory.", show_default=False)
+]
+JobsOpt = Annotated[int | None, typer.Option("--jobs", min=1, help="Files hashed at once (default: CPUs).")]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Hash every file, ignoring the stat cache.")]
+ReproLockOpt = Annotated[
+    Path | None, typer.Option("--lock", help="repro.lock.json to use (default: found).")
 ]
 ProfileOpt = Annotated[
     str, typer.Option("--profile", "-p", help=f"Serving profile: {', '.join(PROFILE_NAMES)}.")
@@ -52,4 +59,40 @@ PlanEnvOpt = Annotated[
     ),
 ]
 
-
+# `glm53 bench`: the server measured, and the report written about it.
+BaseUrlOpt = Annotated[
+    str,
+    typer.Option("--base-url", envvar="GLM53_BASE_URL", help="The server's URL (OpenAI-compatible vLLM)."),
+]
+ServedModelOpt = Annotated[
+    str | None, typer.Option("--model", help="Served model name (default: the first in /v1/models).")
+]
+ReportDirOpt = Annotated[
+    Path, typer.Option("--out", help="Report directory: summary.json (+ plots) are written or updated there.")
+]
+RequestTimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=1.0, help="Seconds without data before a request is given up.")
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="GLM53_API_KEY",
+        help="Bearer token, when the server wants one.",
+        show_default=False,
+    ),
+]
+ServeProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--serve-profile", help="Record this serving profile's resolved settings as the plan in force."
+    ),
+]
+# The same --env-file as serve's, seen from the benchmark: it is recorded, not applied.
+ServedEnvFileOpt = Annotated[
+    Path | None,
+    typer.Option("--env-file", help="The .env file the server was started with (recorded in the plan)."),
+]
+ReportOnlyOpt = Annotated[
+    bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")
+]

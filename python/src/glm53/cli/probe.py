@@ -24,29 +24,16 @@ def probe(
 
     glm53 probe --json > probe.json && glm53 plan --bandwidth probe.json
     """
-    from rich.table import Table
-
     from glm53.fsutil import atomic_write_json
     from glm53.host.probe import timed_probe
+    from glm53.plan.render import render_probe
 
     output = Output(json_mode=json_mode)
     report, seconds = timed_probe(block_bytes, repeats, device)
     if out is not None:
         atomic_write_json(out, report.model_dump(mode="json"))
         output.info(f"wrote {out}")
-
-    def render(console: object) -> None:
-        table = Table(title=f"host->device, {block_bytes:,}-B blocks, {report.device}", title_justify="left")
-        for column in ("memory", "GB/s", "ms per block"):
-            table.add_column(column, justify="right")
-        for result in report.results:
-            table.add_row(
-                result.kind, f"{result.bytes_per_s / 1e9:.2f}", f"{result.seconds / result.repeats * 1e3:.3f}"
-            )
-        console.print(table)  # type: ignore[attr-defined]
-        console.print(f"torch {report.torch}, CUDA {report.cuda}; {seconds:.1f} s")  # type: ignore[attr-defined]
-
-    output.result(report, render)
+    output.result(report, lambda console: render_probe(report, block_bytes, seconds, console))
 
 
 def register(app: typer.Typer) -> None:

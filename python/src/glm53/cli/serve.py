@@ -44,8 +44,10 @@ def serve_cmd(
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Serve a checkpoint with vLLM: checks the host, plans a GPU profile's expert pools on it, then replaces
-    this process with `vllm serve`. --dry-run shows what that start would exec, each value with its origin.
+    """Serve a checkpoint with vLLM: check the host, plan its expert pools, exec `vllm serve`.
+
+    A GPU profile without --plan-env is planned on this host first. --dry-run shows exactly what that start
+    would exec (argv, environment, CPU affinity), each value with its origin.
 
     Examples:
       glm53 serve --model-dir /models/glm53 --profile agent-256k

@@ -483,7 +483,7 @@ def check_model(f: TargetFacts) -> list[Check]:
             detail=f"{f.model_dir}: {f.model_detail}",
             fix=None
             if f.model_verified
-            else f"glm53 model verify {f.model_dir} (lock it first with "
+            else f"glm53 model verify --model-dir {f.model_dir} (lock it first with "
             f"`glm53 model lock` if it has no checkpoint.lock.json)",
         )
     ]
@@ -497,7 +497,7 @@ def check_model(f: TargetFacts) -> list[Check]:
                 detail=f.index_detail or "",
                 fix=None
                 if f.index_ok
-                else f"glm53 model install {f.model_dir} (adds the tensors "
+                else f"glm53 model install --model-dir {f.model_dir} (adds the tensors "
                 "the upstream index leaves out, keeps the original)",
             )
         )

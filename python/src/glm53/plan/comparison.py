@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +22,9 @@ from pydantic import BaseModel, ConfigDict
 from glm53.errors import BadInput
 from glm53.plan.allocation import uniform_split
 from glm53.plan.cache_plan import learn_from_trace, split_from_curves
-from glm53.plan.cost_model import CostModel
+from glm53.plan.checkpoint_facts import load_architecture
+from glm53.plan.cost_model import CostModel, build_cost_model, read_probe_bandwidth
+from glm53.plan.kv_budget import derive_kv
 from glm53.plan.parallel import cpu_seconds, default_workers, layer_map
 from glm53.plan.simulate import belady_hits, pinned_lru_hits
 from glm53.plan.traces import RoutingTrace
@@ -108,6 +111,30 @@ def _score_layer(task: _ScoreTask) -> tuple[list[int], list[int], float, list[fl
         optimum.append(belady_hits(routes, capacity, experts))
         seconds.append(time.process_time() - started)
     return lru, optimum, lru_seconds, seconds
+
+
+def parse_budgets(text: str, *, flag: str = "--budgets") -> list[float]:
+    """'0.08,0.17,0.33': GPU slot budgets as fractions of all experts."""
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise BadInput(f"{flag} {text!r}: expected fractions like 0.08,0.17,0.33") from exc
+
+
+def trace_cost_model(
+    trace: RoutingTrace, *, tensor_parallel_size: int, bandwidth_path: Path | None = None
+) -> CostModel | None:
+    """The cost model of the published architecture, when the trace routes like it (same experts and top-k);
+    None otherwise, and the report then has hit rates without tokens/s."""
+    model = load_architecture()
+    if (trace.experts, trace.top_k) != (model.n_routed_experts, model.num_experts_per_tok):
+        return None
+    return build_cost_model(
+        model,
+        derive_kv(model, tensor_parallel_size),
+        tensor_parallel_size=tensor_parallel_size,
+        bandwidth=read_probe_bandwidth(bandwidth_path) if bandwidth_path else None,
+    )
 
 
 def compare_policies(
@@ -219,4 +246,6 @@ __all__ = [
     "ComparisonReport",
     "PolicyResult",
     "compare_policies",
+    "parse_budgets",
+    "trace_cost_model",
 ]

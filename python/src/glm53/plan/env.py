@@ -15,12 +15,14 @@ Formats (docs/plan.md has the full text):
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.errors import BadInput
-from glm53.fsutil import atomic_write_json
+from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.host.topology import format_cpu_list
 from glm53.plan.planner import GpuSpec, Plan
 
@@ -92,6 +94,36 @@ def write_rankings(plan: Plan, directory: Path) -> Path | None:
     return path.resolve()
 
 
+def state_dir() -> Path:
+    """Where the rankings go when no --out is given: the entrypoint reads them by path, so they must last."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local/state")
+    return Path(base) / "glm53" / "plan"
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    plan: Plan  # its rankings_file set to where the rankings were written
+    env: dict[str, str]
+    rankings: Path | None
+    plan_files: tuple[Path, ...]  # plan.json and plan.env, when an out directory was given
+
+
+def save_plan(plan: Plan, out_dir: Path | None) -> SavedPlan:
+    """Write the rankings (into `out_dir`, else into the state directory; only a plan from routing statistics
+    has them) and, with `out_dir`, plan.json and plan.env beside them."""
+    rankings_dir = out_dir if out_dir is not None else (state_dir() if plan.cache.rankings is not None else None)
+    rankings = write_rankings(plan, rankings_dir) if rankings_dir is not None else None
+    plan = plan.model_copy(update={"rankings_file": str(rankings) if rankings else None})
+    env = plan_env(plan, rankings)
+    if out_dir is None:
+        return SavedPlan(plan, env, rankings, ())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = (out_dir / "plan.json", out_dir / "plan.env")
+    atomic_write_json(files[0], plan.model_dump(mode="json"))
+    atomic_write_text(files[1], env_lines(env))
+    return SavedPlan(plan, env, rankings, files)
+
+
 def main_cpus(plan: Plan) -> tuple[int, ...]:
     """The CPU affinity set for the serving process (what HYBRID_MAIN_CPUS names)."""
     return plan.cpu_sets.main_cpus
@@ -123,11 +155,14 @@ def plan_serving_env(
 __all__ = [
     "PLANNED_KEYS",
     "RANKINGS_FILENAME",
+    "SavedPlan",
     "capacity_plan_text",
     "env_lines",
     "main_cpus",
     "parse_capacity_plan",
     "plan_env",
     "plan_serving_env",
+    "save_plan",
+    "state_dir",
     "write_rankings",
 ]

@@ -1,6 +1,9 @@
-"""Rich tables for plans and simulation reports (human output; `--json` prints the models instead)."""
+"""Rich tables for plans, simulation reports, synthetic traces and the bandwidth probe that feeds the cost
+model (human output; `--json` prints the models instead)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -8,7 +11,9 @@ from rich.table import Table
 from glm53.host.topology import format_cpu_list
 from glm53.plan.cache_plan import LayerCache
 from glm53.plan.comparison import ComparisonReport
+from glm53.plan.cost_model import ProbeReport
 from glm53.plan.planner import Plan
+from glm53.plan.traces import SyntheticTraceSpec
 
 GIB = 1 << 30
 
@@ -204,4 +209,22 @@ def render_comparison(report: ComparisonReport, console: Console) -> None:
     )
 
 
-__all__ = ["render_comparison", "render_plan"]
+def render_synthetic_trace(path: Path, spec: SyntheticTraceSpec, console: Console) -> None:
+    console.print(
+        f"wrote {path}: {spec.steps:,} steps x {len(spec.layers)} layers x top-{spec.top_k} of {spec.experts}"
+    )
+
+
+def render_probe(report: ProbeReport, block_bytes: int, seconds: float, console: Console) -> None:
+    table = Table(title=f"host->device, {block_bytes:,}-B blocks, {report.device}", title_justify="left")
+    for column in ("memory", "GB/s", "ms per block"):
+        table.add_column(column, justify="right")
+    for result in report.results:
+        table.add_row(
+            result.kind, f"{result.bytes_per_s / 1e9:.2f}", f"{result.seconds / result.repeats * 1e3:.3f}"
+        )
+    console.print(table)
+    console.print(f"torch {report.torch}, CUDA {report.cuda}; {seconds:.1f} s")
+
+
+__all__ = ["render_comparison", "render_plan", "render_probe", "render_synthetic_trace"]

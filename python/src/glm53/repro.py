@@ -4,7 +4,8 @@ Three audits:
 - `check_repo`: the repository agrees with the lock (flake.lock, Makefile, profiles, README) and holds
   nothing it must not (weights, secrets, symlinks, files over 20 MiB).
 - `audit_build`: `nix build --rebuild` of an output; a second build must be bit-for-bit the first.
-- `audit_host`: this host's GPUs, driver and memory against the validated hardware.
+- the host audit (this host's GPUs, driver and memory against the validated hardware) is
+  `glm53.host.doctor.audit_host`: the doctor's checks with the lock's figures.
 """
 
 from __future__ import annotations
@@ -351,57 +352,3 @@ def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | N
         return BuildAudit(installable=label, out_paths=out_paths, nar_hashes=hashes, reproducible=False,
                           detail=message.splitlines()[-1] if message else "outputs differ")
     raise BadInput(f"nix could not rebuild {label}: {message[-800:]}")
-
-
-# -- host audit ---------------------------------------------------------------------------------
-
-
-def _capability(value: object) -> str:
-    """NVML gives (major, minor); the lock writes "8.6"."""
-    if isinstance(value, tuple | list) and len(value) == 2:
-        return f"{value[0]}.{value[1]}"
-    return str(value)
-
-
-class HostAudit(BaseModel):
-    findings: list[Finding]
-
-    @property
-    def ok(self) -> bool:
-        return all(f.ok for f in self.findings)
-
-
-def audit_host(lock: ReproLock, *, gpus: list[object] | None, mem_total_bytes: int) -> HostAudit:
-    """Compare measured host facts with the validated hardware. Pure: the caller reads the facts."""
-    hw = lock.hardware
-    findings = []
-    if not gpus:
-        findings.append(Finding(check="GPUs", ok=False, detail="no NVIDIA GPU found",
-                                fix=f"the recipe was validated on {hw.gpu_count}x {hw.gpu}"))
-    else:
-        names = [str(getattr(g, "name", "")) for g in gpus]
-        findings.append(Finding(check="GPU count", ok=len(gpus) >= hw.gpu_count,
-                                detail=f"{len(gpus)} found, {hw.gpu_count} validated",
-                                fix=None if len(gpus) >= hw.gpu_count else "tensor parallelism needs them all"))
-        same_model = all(hw.gpu.replace("NVIDIA ", "") in n for n in names)
-        findings.append(Finding(check="GPU model", ok=same_model, detail=", ".join(names),
-                                fix=None if same_model else f"figures were measured on {hw.gpu}"))
-        small = [g for g in gpus if int(getattr(g, "memory_total_bytes", 0)) < hw.gpu_memory_mib * 2**20 * 0.97]
-        findings.append(Finding(check="GPU memory", ok=not small,
-                                detail=f"validated {hw.gpu_memory_mib} MiB per GPU",
-                                fix=None if not small else "re-plan: fewer expert slots or a shorter context"))
-        drivers = {str(getattr(g, "driver_version", "")) for g in gpus}
-        floor = int(lock.engine.cuda.driver_min)
-        ok = all(d and int(d.split(".")[0]) >= floor for d in drivers)
-        findings.append(Finding(check="driver", ok=ok, detail=", ".join(sorted(drivers)),
-                                fix=None if ok else f"install driver >= {floor} (CUDA {lock.engine.cuda.version})"))
-        caps = {_capability(getattr(g, "compute_capability", "")) for g in gpus}
-        cap_ok = caps <= set(lock.engine.cuda.capabilities)
-        findings.append(Finding(check="compute capability", ok=cap_ok, detail=", ".join(sorted(caps)),
-                                fix=None if cap_ok else "the engine is built for "
-                                + ", ".join(lock.engine.cuda.capabilities) + "; rebuild with your capability"))
-    need = hw.system_memory_gib * 2**30 * 0.95
-    findings.append(Finding(check="system memory", ok=mem_total_bytes >= need,
-                            detail=f"{mem_total_bytes / 2**30:.1f} GiB, validated {hw.system_memory_gib} GiB",
-                            fix=None if mem_total_bytes >= need else "fewer experts fit in host RAM: re-plan"))
-    return HostAudit(findings=findings)

@@ -77,22 +77,19 @@ def audit_build_cmd(
 
 @repro_app.command("audit-host")
 def audit_host_cmd(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
-    """Compare this host's GPUs, driver and memory with the hardware the recipe was validated on."""
-    from glm53.host.memory import read_host_memory
-    from glm53.repro import audit_host, load_repro_lock
-    from glm53.repro_render import render_findings
+    """Compare this host's GPUs, driver and memory with the hardware the recipe was validated on.
 
-    lock = load_repro_lock(lock_path)
-    try:
-        from glm53.host.gpus import read_gpus
+    The same checks as `glm53 doctor`, with the validated GPU count, model and system memory from the lock.
+    """
+    from glm53.host.doctor import audit_host, limits_from_lock
+    from glm53.host.facts import read_host_facts
+    from glm53.host.render import render_report
+    from glm53.repro import load_repro_lock
 
-        gpus: list[object] = list(read_gpus())
-    except Exception:  # no driver, no NVML: the audit reports it as a finding
-        gpus = []
-    result = audit_host(lock, gpus=gpus, mem_total_bytes=read_host_memory().mem_total_bytes)
-    payload = {"ok": result.ok, **result.model_dump(mode="json")}
-    Output(json_mode=json_out).result(
-        payload, lambda console: render_findings("host vs lock", result.findings, console)
-    )
-    if not result.ok:
-        raise CheckFailed("this host differs from the validated hardware", hint="see the fix column")
+    limits = limits_from_lock(load_repro_lock(lock_path))
+    report = audit_host(read_host_facts(engine_libraries=None), limits)
+    payload = {"ok": report.ok, **report.model_dump(mode="json")}
+    Output(json_mode=json_out).result(payload, lambda console: render_report(console, report, "host vs lock"))
+    if not report.ok:
+        names = ", ".join(c.name for c in report.failures)
+        raise CheckFailed(f"this host differs from the validated hardware: {names}", hint="see the fix column")

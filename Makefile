@@ -10,7 +10,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 OS_PACKAGES_FILE := python/src/glm53/data/os-packages.txt
 OS_PACKAGES := $(shell sed 's/\#.*//' $(OS_PACKAGES_FILE) | awk 'NF {print $$1}')
 
-.PHONY: setup os-packages demo test test-fast lint clean-venv
+.PHONY: setup os-packages demo test test-fast lint cli-docs clean-venv
 
 setup: $(STAMP)
 
@@ -48,7 +48,13 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check python/src tests benchmarks
+	$(VENV)/bin/ruff format --check python/src tests benchmarks
 	$(VENV)/bin/mypy --config-file python/pyproject.toml python/src/glm53
+	$(VENV)/bin/python -m glm53.cli.reference --check
+
+# docs/cli.md from every command's --help (lint fails when it is stale)
+cli-docs: setup
+	$(VENV)/bin/python -m glm53.cli.reference
 
 clean-venv:
 	rm -rf $(VENV)

@@ -30,9 +30,7 @@ TARGET_SECONDS = 30.0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, help="a routing trace (JSONL) instead of the synthetic one")
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--locality", type=float, default=0.3)

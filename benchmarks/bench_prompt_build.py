@@ -50,9 +50,7 @@ def timed(action: object, repeats: int = 5) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--base-url",
         help="tokenize the base texts on this server instead of a local stand-in",
@@ -85,16 +83,8 @@ def main() -> int:
         calls = tokenizer.calls - before
         exact = timed(lambda n=length: factory.exact(n))
         ids = factory.exact(length)
-        encode = timed(
-            lambda ids=ids: json.dumps(
-                completion_body(model, ids, 2048, "salt")
-            ).encode()
-        )
-        hay = timed(
-            lambda n=length: factory.haystack(
-                n, insert="Record for vault x: {}", depth=0.5
-            )
-        )
+        encode = timed(lambda ids=ids: json.dumps(completion_body(model, ids, 2048, "salt")).encode())
+        hay = timed(lambda n=length: factory.haystack(n, insert="Record for vault x: {}", depth=0.5))
         per_exact, per_hay = exact / length * 1e9, hay / length * 1e9
         base_exact, base_hay = base_exact or per_exact, base_hay or per_hay
         table.add_row(

@@ -57,9 +57,7 @@ def vllm_like_events(count: int) -> list[bytes]:
                 }
             ],
         }
-        events.append(
-            b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-        )
+        events.append(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
     usage = {
         "id": "cmpl-9f1c2d3e4b5a6978",
         "object": "text_completion",
@@ -96,9 +94,7 @@ def parse_and_account(events: list[bytes]) -> float:
         accumulator.feed(parser.feed(event), time.perf_counter() - started)
     elapsed = time.perf_counter() - started
     outcome = accumulator.outcome(end_s=elapsed, http_status=200)
-    assert outcome.error is None and outcome.token_events == len(events) - 2, (
-        outcome.error
-    )
+    assert outcome.error is None and outcome.token_events == len(events) - 2, outcome.error
     return elapsed
 
 
@@ -160,57 +156,33 @@ def live_decode_rate(base_url: str) -> float:
         )
     rate = section.shapes[0].best.decode_tok_s
     if rate is None:
-        raise SystemExit(
-            f"no valid run against {base_url}: {section.shapes[0].runs[0].invalid_reason}"
-        )
+        raise SystemExit(f"no valid run against {base_url}: {section.shapes[0].runs[0].invalid_reason}")
     return rate
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--events", type=int, default=20_000, help="tokens (events) per stream"
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=3, help="best of this many timings"
-    )
-    parser.add_argument(
-        "--base-url", help="also measure a live server's decode rate as a reference"
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=20_000, help="tokens (events) per stream")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many timings")
+    parser.add_argument("--base-url", help="also measure a live server's decode rate as a reference")
     args = parser.parse_args()
 
     events = vllm_like_events(args.events)
     tokens = args.events
     references = {
-        "recipe best decode": max(
-            p.decode_tok_s
-            for pts in recipe_performance().profiles.values()
-            for p in pts
-        )
+        "recipe best decode": max(p.decode_tok_s for pts in recipe_performance().profiles.values() for p in pts)
     }
     if args.base_url:
-        references[f"measured decode ({args.base_url})"] = live_decode_rate(
-            args.base_url
-        )
+        references[f"measured decode ({args.base_url})"] = live_decode_rate(args.base_url)
 
     server = serve(events)
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         rows = {
-            "SSE parse only (memory)": best(
-                parse_only(events) for _ in range(args.repeats)
-            ),
-            "parse + JSON + accounting (memory)": best(
-                parse_and_account(events) for _ in range(args.repeats)
-            ),
-            "raw byte read over HTTP (baseline)": best(
-                raw_read(url + "/v1/completions") for _ in range(args.repeats)
-            ),
-            "BenchClient.stream over HTTP": best(
-                full_client(url, tokens) for _ in range(args.repeats)
-            ),
+            "SSE parse only (memory)": best(parse_only(events) for _ in range(args.repeats)),
+            "parse + JSON + accounting (memory)": best(parse_and_account(events) for _ in range(args.repeats)),
+            "raw byte read over HTTP (baseline)": best(raw_read(url + "/v1/completions") for _ in range(args.repeats)),
+            "BenchClient.stream over HTTP": best(full_client(url, tokens) for _ in range(args.repeats)),
         }
     finally:
         server.shutdown()
@@ -239,9 +211,7 @@ def main() -> int:
     client_rate = tokens / rows["BenchClient.stream over HTTP"]
     worst = min(client_rate / ref for ref in references.values())
     verdict = "PASS" if worst >= REQUIRED_HEADROOM else "FAIL"
-    console.print(
-        f"{verdict}: the full client path has {worst:,.0f}x headroom (required {REQUIRED_HEADROOM:g}x)"
-    )
+    console.print(f"{verdict}: the full client path has {worst:,.0f}x headroom (required {REQUIRED_HEADROOM:g}x)")
     return 0 if worst >= REQUIRED_HEADROOM else 1
 
 

@@ -108,7 +108,10 @@ def main() -> int:
             subprocess.run([sha256sum, *map(str, paths)], check=True, stdout=subprocess.DEVNULL)
 
         methods: dict[str, Callable[[], None]] = {
-            "cold": cold_verify, "warm": warm_verify, "no_cache": no_cache_verify, "single": single_thread,
+            "cold": cold_verify,
+            "warm": warm_verify,
+            "no_cache": no_cache_verify,
+            "single": single_thread,
         }
         if sha256sum:
             methods["sha256sum"] = coreutils
@@ -124,8 +127,10 @@ def main() -> int:
     cores = default_jobs()
     cold, warm, no_cache, single = best["cold"], best["warm"], best["no_cache"], best["single"]
     coreutils_s = best.get("sha256sum")
-    table = Table(title=f"verify {total / 1e9:.2f} GB in {len(paths)} shards, page cache warm, {cores} cores "
-                        f"(best of {args.repeat} round-robin rounds)")
+    table = Table(
+        title=f"verify {total / 1e9:.2f} GB in {len(paths)} shards, page cache warm, {cores} cores "
+        f"(best of {args.repeat} round-robin rounds)"
+    )
     for col in ("method", "seconds", "MB/s", "x single-core hashlib", "x sha256sum"):
         table.add_column(col, justify="left" if col == "method" else "right")
 
@@ -146,14 +151,22 @@ def main() -> int:
     console.print(table)
 
     checks = [
-        (f"cold >= 90% of {cores} cores x single-core hashlib", single / cold >= 0.9 * cores,
-         f"{single / cold / cores:.0%} of linear"),
-        ("cold >= 6x sha256sum", bool(coreutils_s and coreutils_s / cold >= 6),
-         f"{coreutils_s / cold:.2f}x" if coreutils_s else "sha256sum not found"),
+        (
+            f"cold >= 90% of {cores} cores x single-core hashlib",
+            single / cold >= 0.9 * cores,
+            f"{single / cold / cores:.0%} of linear",
+        ),
+        (
+            "cold >= 6x sha256sum",
+            bool(coreutils_s and coreutils_s / cold >= 6),
+            f"{coreutils_s / cold:.2f}x" if coreutils_s else "sha256sum not found",
+        ),
         ("warm < 1 s", warm < 1.0, f"{warm * 1000:.1f} ms"),
     ]
-    console.print(f"load average (1 min): {load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end "
-                  f"(other processes on these {os.cpu_count()} CPUs take cycles from the parallel rows first)")
+    console.print(
+        f"load average (1 min): {load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end "
+        f"(other processes on these {os.cpu_count()} CPUs take cycles from the parallel rows first)"
+    )
     for name, passed, detail in checks:
         console.print(f"{'[green]met[/green]' if passed else '[red]missed[/red]'}  {name}: {detail}")
     return 0

@@ -235,8 +235,18 @@ def chat_server() -> Iterator[str]:
 
 def _agent(url: str, out: Path, *extra: str) -> Any:
     return run_glm53(
-        "bench", "agent", "--base-url", url, "--system-tokens", "64", "--max-tokens", "16",
-        "--out", str(out), "--json", *extra,
+        "bench",
+        "agent",
+        "--base-url",
+        url,
+        "--system-tokens",
+        "64",
+        "--max-tokens",
+        "16",
+        "--out",
+        str(out),
+        "--json",
+        *extra,
     )
 
 
@@ -247,9 +257,7 @@ def test_agent_runs_all_fifteen_tasks_by_default(chat_server: str, tmp_path: Pat
     script = load_script()
     assert agent["tasks"] == [task.name for task in script.tasks]
     assert len(agent["turns"]) == script.turns == _ChatHandler.requests
-    assert [t["expected_tool"] for t in agent["turns"]] == [
-        step.tool for task in script.tasks for step in task.steps
-    ]
+    assert [t["expected_tool"] for t in agent["turns"]] == [step.tool for task in script.tasks for step in task.steps]
     assert all(t["error"] is None and t["model_tool_call"] == "list_files" for t in agent["turns"])
     assert agent["prefix_cache_hit_pct"] == pytest.approx(50, abs=0.1)
     summary = load_summary(tmp_path)

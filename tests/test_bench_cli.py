@@ -28,9 +28,7 @@ class _Handler(QuietHandler):
     def do_POST(self) -> None:
         body = self._read_json()
         if self.path == "/tokenize":
-            self._json(
-                200, {"count": 64, "max_model_len": 2048, "tokens": list(range(1, 65))}
-            )
+            self._json(200, {"count": 64, "max_model_len": 2048, "tokens": list(range(1, 65))})
             return
         type(self).calls += 1
         if type(self).calls % 2:
@@ -51,9 +49,7 @@ def flaky_server() -> Iterator[str]:
         yield url
 
 
-def test_broken_runs_are_kept_with_reasons_and_exit_1(
-    flaky_server: str, tmp_path: Path
-) -> None:
+def test_broken_runs_are_kept_with_reasons_and_exit_1(flaky_server: str, tmp_path: Path) -> None:
     result = run_glm53(
         "bench",
         "run",
@@ -81,22 +77,14 @@ def test_broken_runs_are_kept_with_reasons_and_exit_1(
         ]
         * 2
     )
-    assert all(
-        shape.best.valid_runs == 0 and shape.best.decode_tok_s is None
-        for shape in summary.run.shapes
-    )
-    assert (
-        summary.environment.server is not None
-        and summary.environment.server.max_model_len == 2048
-    )
+    assert all(shape.best.valid_runs == 0 and shape.best.decode_tok_s is None for shape in summary.run.shapes)
+    assert summary.environment.server is not None and summary.environment.server.max_model_len == 2048
     runs = summary.run.shapes[0].runs
     assert runs[1].ttft_ms is not None, "the token that did arrive was still timed"
     assert runs[0].metrics is None, "no /metrics on this server: recorded as absent"
 
 
-def test_shape_beyond_max_model_len_is_refused_before_running(
-    flaky_server: str, tmp_path: Path
-) -> None:
+def test_shape_beyond_max_model_len_is_refused_before_running(flaky_server: str, tmp_path: Path) -> None:
     result = run_glm53(
         "bench",
         "run",
@@ -108,21 +96,13 @@ def test_shape_beyond_max_model_len_is_refused_before_running(
         str(tmp_path),
     )
     assert result.code == 2
-    assert (
-        "--shapes: 2000:100 needs 2100 tokens of context; the server's max_model_len is 2048"
-        in result.stderr
-    )
+    assert "--shapes: 2000:100 needs 2100 tokens of context; the server's max_model_len is 2048" in result.stderr
     assert _Handler.calls == 0 and not (tmp_path / "summary.json").exists()
 
 
 def test_unreachable_server_is_exit_3(tmp_path: Path) -> None:
-    result = run_glm53(
-        "bench", "coherence", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path)
-    )
-    assert (
-        result.code == 3
-        and "cannot reach http://127.0.0.1:9/v1/models" in result.stderr
-    )
+    result = run_glm53("bench", "coherence", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path))
+    assert result.code == 3 and "cannot reach http://127.0.0.1:9/v1/models" in result.stderr
 
 
 def test_bad_base_url_is_exit_2() -> None:

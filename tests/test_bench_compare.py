@@ -55,7 +55,14 @@ def reports(tmp_path: Path) -> tuple[Path, Path]:
 def test_the_gate_is_on_the_candidate_and_passes(reports: tuple[Path, Path]) -> None:
     a, b = reports
     result = run_glm53(
-        "bench", "compare", str(a), str(b), "--fail-under", "decode=45,prefill=1000", "--fail-over", "ttft=7",
+        "bench",
+        "compare",
+        str(a),
+        str(b),
+        "--fail-under",
+        "decode=45,prefill=1000",
+        "--fail-over",
+        "ttft=7",
         "--json",
     )
     assert result.code == 0, result.stderr
@@ -102,8 +109,15 @@ def test_a_candidate_without_a_run_section_fails_every_threshold(tmp_path: Path)
     write_section(tmp_path / "a", env, run=_section(8000, 40.0, 900.0))
     write_section(tmp_path / "b", env, coherence=coherence)
     result = run_glm53(
-        "bench", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-under", "decode=1",
-        "--fail-over", "ttft=100", "--json",
+        "bench",
+        "compare",
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+        "--fail-under",
+        "decode=1",
+        "--fail-over",
+        "ttft=100",
+        "--json",
     )
     assert result.code == 1
     gates = result.json()["gates"]

@@ -159,9 +159,7 @@ def _valid_summary(tmp_path: Path) -> dict[str, Any]:
         (lambda raw: raw["environment"].update(python=None), "environment.python"),
     ],
 )
-def test_compare_refuses_another_schema_with_exit_2(
-    tmp_path: Path, edit: Any, message: str
-) -> None:
+def test_compare_refuses_another_schema_with_exit_2(tmp_path: Path, edit: Any, message: str) -> None:
     good = tmp_path / "good.json"
     good.write_text(json.dumps(_valid_summary(tmp_path)))
     raw = _valid_summary(tmp_path)
@@ -219,7 +217,7 @@ def test_finite_or_none_replaces_only_non_finite_numbers() -> None:
 
 
 def test_prometheus_nan_and_infinity_are_skipped() -> None:
-    text = "vllm:prefix_cache_hits_total 5\nvllm:prefix_cache_hits_total{x=\"1\"} +Inf\nvllm:prompt_tokens_total NaN\n"
+    text = 'vllm:prefix_cache_hits_total 5\nvllm:prefix_cache_hits_total{x="1"} +Inf\nvllm:prompt_tokens_total NaN\n'
     assert parse_prometheus(text) == {"vllm:prefix_cache_hits_total": 5.0}
 
 

@@ -24,9 +24,7 @@ def _max_model_len(server: Any) -> int:
     return int(models["data"][0]["max_model_len"])
 
 
-def test_run_measures_valid_runs_and_writes_the_report(
-    vllm_server: Any, tmp_path: Path
-) -> None:
+def test_run_measures_valid_runs_and_writes_the_report(vllm_server: Any, tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = run_glm53(
         "bench",
@@ -68,9 +66,7 @@ def test_run_measures_valid_runs_and_writes_the_report(
             assert run.metrics.prompt_tokens == shape.prompt_tokens
             # A fresh cache salt per request: the second run of the same prompt must not hit the cache.
             assert run.metrics.prefix_cache_hits == 0
-        assert shape.best.decode_tok_s == max(
-            r.decode_tok_s for r in shape.runs if r.decode_tok_s
-        )
+        assert shape.best.decode_tok_s == max(r.decode_tok_s for r in shape.runs if r.decode_tok_s)
     assert [g["passed"] for g in payload["gates"]] == [True, True]
     env = summary.environment
     assert env.server is not None and env.server.model == vllm_server.model_name
@@ -81,9 +77,7 @@ def test_run_measures_valid_runs_and_writes_the_report(
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_fail_under_is_a_gate_and_bad_flags_exit_2(
-    vllm_server: Any, tmp_path: Path
-) -> None:
+def test_fail_under_is_a_gate_and_bad_flags_exit_2(vllm_server: Any, tmp_path: Path) -> None:
     failing = run_glm53(
         "bench",
         "run",
@@ -102,14 +96,10 @@ def test_fail_under_is_a_gate_and_bad_flags_exit_2(
     assert failing.code == 1
     assert "gates failed: decode (64:8)" in failing.stderr
     summary = load_summary(tmp_path)
-    assert summary.run is not None and summary.run.shapes[0].runs[0].valid, (
-        "the report is written before the exit"
-    )
+    assert summary.run is not None and summary.run.shapes[0].runs[0].valid, "the report is written before the exit"
     assert [g.passed for g in summary.gates["run"]] == [False]
 
-    unknown = run_glm53(
-        "bench", "run", "--base-url", vllm_server.base_url, "--fail-under", "speed=3"
-    )
+    unknown = run_glm53("bench", "run", "--base-url", vllm_server.base_url, "--fail-under", "speed=3")
     assert unknown.code == 2 and "--fail-under" in unknown.stderr
     too_long = _max_model_len(vllm_server) + 1
     oversized = run_glm53(
@@ -122,16 +112,10 @@ def test_fail_under_is_a_gate_and_bad_flags_exit_2(
         "--out",
         str(tmp_path / "x"),
     )
-    assert (
-        oversized.code == 2
-        and "max_model_len" in oversized.stderr
-        and "--shapes" in oversized.stderr
-    )
+    assert oversized.code == 2 and "max_model_len" in oversized.stderr and "--shapes" in oversized.stderr
 
 
-def test_needle_reports_every_depth_with_the_answer(
-    vllm_server: Any, tmp_path: Path
-) -> None:
+def test_needle_reports_every_depth_with_the_answer(vllm_server: Any, tmp_path: Path) -> None:
     args = (
         "bench",
         "needle",
@@ -189,14 +173,9 @@ def test_coherence_reports_each_gate(vllm_server: Any, tmp_path: Path) -> None:
     assert list(results) == ["arithmetic", "tool-call", "code-no-thinking"]
     assert not any(r["passed"] for r in results.values())
     assert results["arithmetic"]["reason"] == "the answer does not contain 391"
-    assert (
-        results["code-no-thinking"]["reason"]
-        == "the answer does not contain 'def is_prime'"
-    )
+    assert results["code-no-thinking"]["reason"] == "the answer does not contain 'def is_prime'"
     # Without a tool parser the server refuses tool_choice=auto (HTTP 400); either way it is reported.
-    assert results["tool-call"]["reason"].startswith(
-        ("no get_weather tool call", "get_weather was called", "HTTP 400")
-    )
+    assert results["tool-call"]["reason"].startswith(("no get_weather tool call", "get_weather was called", "HTTP 400"))
     gates = load_summary(tmp_path).gates["coherence"]
     assert [(g.subject, g.passed) for g in gates] == [(name, False) for name in results]
 
@@ -233,22 +212,16 @@ def test_agent_sessions_share_their_prefix(vllm_server: Any, tmp_path: Path) -> 
     assert result.code == 0, result.stderr
     for task in tasks:
         prompts = [t["prompt_tokens"] for t in turns if t["task"] == task.name]
-        assert prompts == sorted(prompts) and prompts[0] < prompts[-1], (
-            "the conversation grows every turn"
-        )
+        assert prompts == sorted(prompts) and prompts[0] < prompts[-1], "the conversation grows every turn"
     assert all(t["error"] is None and t["latency_s"] > 0 for t in turns)
     assert all(t["ttft_s"] is not None for t in turns), (
         "token ids stream even while the tool-call parser holds text back"
     )
-    assert 0 < agent["prefix_cache_hit_pct"] < 100, (
-        "later turns reuse the earlier turns' prefix"
-    )
+    assert 0 < agent["prefix_cache_hit_pct"] < 100, "later turns reuse the earlier turns' prefix"
     assert agent["median_turn_latency_s"] > 0 and agent["mean_decode_tok_s"] > 0
 
 
-def test_compare_against_the_recipe_and_between_reports(
-    vllm_server: Any, tmp_path: Path
-) -> None:
+def test_compare_against_the_recipe_and_between_reports(vllm_server: Any, tmp_path: Path) -> None:
     for name in ("a", "b"):
         made = run_glm53(
             "bench",
@@ -273,9 +246,7 @@ def test_compare_against_the_recipe_and_between_reports(
         "260096:2048",
         "64:8",
     }
-    both = run_glm53(
-        "bench", "compare", str(tmp_path / "a"), str(tmp_path / "b" / "summary.json")
-    )
+    both = run_glm53("bench", "compare", str(tmp_path / "a"), str(tmp_path / "b" / "summary.json"))
     assert both.code == 0 and "decode tok/s" in both.stdout
     missing = run_glm53("bench", "compare", str(tmp_path / "nope"))
     assert missing.code == 2 and "not found" in missing.stderr

@@ -25,9 +25,7 @@ def _parse_in_chunks(raw: bytes, sizes: list[int]) -> list[bytes]:
     return events + parser.close()
 
 
-PAYLOADS = [
-    json.dumps({"choices": [{"index": 0, "text": f"tok{i} é ✓"}]}) for i in range(20)
-] + ["[DONE]"]
+PAYLOADS = [json.dumps({"choices": [{"index": 0, "text": f"tok{i} é ✓"}]}) for i in range(20)] + ["[DONE]"]
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])

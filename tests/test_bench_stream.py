@@ -40,10 +40,7 @@ def good_events() -> list[Any]:
 
 
 def sse(events: list[Any]) -> bytes:
-    return b"".join(
-        b"data: " + (e if isinstance(e, str) else json.dumps(e)).encode() + b"\n\n"
-        for e in events
-    )
+    return b"".join(b"data: " + (e if isinstance(e, str) else json.dumps(e)).encode() + b"\n\n" for e in events)
 
 
 class Dropping(httpx.SyncByteStream):
@@ -54,9 +51,7 @@ class Dropping(httpx.SyncByteStream):
 
     def __iter__(self) -> Iterator[bytes]:
         yield self.data
-        raise httpx.RemoteProtocolError(
-            "peer closed connection without sending complete message body"
-        )
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
 
 
 Responder = Callable[[httpx.Request], httpx.Response]
@@ -76,15 +71,11 @@ def mock_client(responders: list[Responder]) -> BenchClient:
             return httpx.Response(200, text="vllm:num_preemptions_total 0\n")
         return next(calls)(request)
 
-    return BenchClient(
-        "http://bench.test", transport=httpx.MockTransport(handler), timeout_s=5
-    )
+    return BenchClient("http://bench.test", transport=httpx.MockTransport(handler), timeout_s=5)
 
 
 def stream_of(events: list[Any]) -> Responder:
-    return lambda request: httpx.Response(
-        200, content=sse(events), headers={"content-type": "text/event-stream"}
-    )
+    return lambda request: httpx.Response(200, content=sse(events), headers={"content-type": "text/event-stream"})
 
 
 def run_section(responders: list[Responder]) -> RunSection:
@@ -128,26 +119,16 @@ def test_the_request_follows_the_method() -> None:
     run_section([capture, capture])
     for body in bodies:
         assert body["prompt"] == [*range(1, 17)]
-        assert (
-            body["temperature"] == 0
-            and body["ignore_eos"] is True
-            and body["stream"] is True
-        )
+        assert body["temperature"] == 0 and body["ignore_eos"] is True and body["stream"] is True
         assert body["stream_options"] == {"include_usage": True}
         assert body["max_tokens"] == OUTPUT
-    assert bodies[0]["cache_salt"] != bodies[1]["cache_salt"], (
-        "a fresh cache salt per request"
-    )
+    assert bodies[0]["cache_salt"] != bodies[1]["cache_salt"], "a fresh cache salt per request"
 
 
 def test_drop_mid_stream() -> None:
     partial = sse(good_events()[:2])
     reason = only_run_reason(lambda r: httpx.Response(200, stream=Dropping(partial)))
-    assert (
-        reason is not None
-        and "connection failed" in reason
-        and "RemoteProtocolError" in reason
-    )
+    assert reason is not None and "connection failed" in reason and "RemoteProtocolError" in reason
 
 
 def test_clean_close_without_done() -> None:
@@ -202,9 +183,8 @@ def test_finish_reason_other_than_length() -> None:
 
 def test_malformed_json_and_error_events() -> None:
     def malformed(r):
-        return httpx.Response(
-            200, content=b"data: {not json\n\n" + sse(good_events())
-        )
+        return httpx.Response(200, content=b"data: {not json\n\n" + sse(good_events()))
+
     reason = only_run_reason(malformed)
     assert reason is not None and reason.startswith("malformed event")
     error_event = {"error": {"message": "engine died", "code": 500}}
@@ -215,9 +195,8 @@ def test_malformed_json_and_error_events() -> None:
 @pytest.mark.parametrize("status", [400, 404, 500, 503])
 def test_http_errors(status: int) -> None:
     def responder(r):
-        return httpx.Response(
-            status, json={"error": {"message": f"nope {status}"}}
-        )
+        return httpx.Response(status, json={"error": {"message": f"nope {status}"}})
+
     reason = only_run_reason(responder)
     assert reason == f"HTTP {status}: nope {status}"
 
@@ -249,12 +228,8 @@ def test_real_read_timeout_on_a_silent_server() -> None:
             started = time.perf_counter()
             outcome = client.stream("/v1/completions", {"prompt": [1]})
         assert time.perf_counter() - started < 1.4
-        assert outcome.error is not None and outcome.error.startswith(
-            "timed out after 0.3 s"
-        )
-        assert outcome.ttft_s is not None, (
-            "the event before the silence was still timed"
-        )
+        assert outcome.error is not None and outcome.error.startswith("timed out after 0.3 s")
+        assert outcome.ttft_s is not None, "the event before the silence was still timed"
         valid, reason = judge_run(outcome, Shape(prompt_tokens=1, output_tokens=2))
         assert not valid and reason == outcome.error
 
@@ -265,9 +240,7 @@ def test_refused_connection() -> None:
         port = probe.getsockname()[1]
     with BenchClient(f"http://127.0.0.1:{port}", timeout_s=2) as client:
         outcome = client.stream("/v1/completions", {"prompt": [1]})
-    assert outcome.error is not None and outcome.error.startswith(
-        "connection failed: ConnectError"
-    )
+    assert outcome.error is not None and outcome.error.startswith("connection failed: ConnectError")
 
 
 def test_chat_deltas_tool_calls_and_role_only_chunks() -> None:
@@ -297,11 +270,7 @@ def test_chat_deltas_tool_calls_and_role_only_chunks() -> None:
             "choices": [
                 {
                     "index": 0,
-                    "delta": {
-                        "tool_calls": [
-                            {"index": 0, "function": {"arguments": '"Lisbon"}'}}
-                        ]
-                    },
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"Lisbon"}'}}]},
                     "finish_reason": "tool_calls",
                 }
             ]

@@ -56,9 +56,7 @@ def test_prometheus_parse_and_diff() -> None:
     assert before["vllm:prompt_tokens_total"] == 100.0
     assert "vllm:kv_cache_usage_perc" not in before
     after = parse_prometheus(
-        METRICS_BEFORE.replace(
-            'preemptions_total{engine="0",model_name="m"} 1.0', "preemptions_total 3"
-        )
+        METRICS_BEFORE.replace('preemptions_total{engine="0",model_name="m"} 1.0', "preemptions_total 3")
         .replace('queries_total{engine="0",model_name="m"} 100.0', "queries_total 400")
         .replace('hits_total{engine="0",model_name="m"} 10.0', "hits_total 160")
     )
@@ -87,12 +85,8 @@ def test_exact_prompts_are_tiled_not_retokenized() -> None:
     for length in (1, 17, 8192, 260_096):
         assert len(factory.exact(length)) == length
         assert len(factory.exact(length, "random", seed=3)) == length
-    assert len(tokenizer.calls) == 1, (
-        "one tokenization of the base text, whatever the lengths"
-    )
-    assert factory.exact(1000, "random", seed=1) == factory.exact(
-        1000, "random", seed=1
-    )
+    assert len(tokenizer.calls) == 1, "one tokenization of the base text, whatever the lengths"
+    assert factory.exact(1000, "random", seed=1) == factory.exact(1000, "random", seed=1)
     assert set(factory.exact(5000, "random")) <= set(factory.base_ids())
 
 
@@ -121,11 +115,7 @@ def test_shapes_and_thresholds_parse_or_name_the_flag() -> None:
     }
     with pytest.raises(BadInput, match="--fail-under: 'speed=3'") as info:
         parse_thresholds("speed=3", RUN_FAIL_UNDER)
-    assert (
-        info.value.exit_code == 2
-        and info.value.hint is not None
-        and "decode" in info.value.hint
-    )
+    assert info.value.exit_code == 2 and info.value.hint is not None and "decode" in info.value.hint
     with pytest.raises(BadInput, match="not a number"):
         parse_thresholds("decode=fast", RUN_FAIL_UNDER)
     with pytest.raises(BadInput, match="max_model_len is 4096"):
@@ -200,12 +190,11 @@ def test_needle_answers_are_judged_on_exact_json() -> None:
         '```json\n{"vault": "amber-123", "code": 12345, "shelf": "quartz"}\n```',
         expected,
     )[0]
-    assert judge_answer(
-        'Sure: {"shelf": "quartz", "vault": "amber-123", "code": 12345}.', expected
-    )[0]
-    assert judge_answer(
-        '{"vault": "amber-123", "code": 12346, "shelf": "quartz"}', expected
-    ) == (False, "the JSON object differs from the hidden record")
+    assert judge_answer('Sure: {"shelf": "quartz", "vault": "amber-123", "code": 12345}.', expected)[0]
+    assert judge_answer('{"vault": "amber-123", "code": 12346, "shelf": "quartz"}', expected) == (
+        False,
+        "the JSON object differs from the hidden record",
+    )
     assert judge_answer("no idea", expected) == (False, "no JSON object in the answer")
     assert extract_json_object('{broken {"a": 1}') == {"a": 1}
 
@@ -215,9 +204,7 @@ def _summary_with(run: RunSection) -> Summary:
 
 
 def _section(ttft: float, decode: float, prompt: int = 8192) -> RunSection:
-    record = _record(1, True, ttft, decode).model_copy(
-        update={"shape": f"{prompt}:2048"}
-    )
+    record = _record(1, True, ttft, decode).model_copy(update={"shape": f"{prompt}:2048"})
     return RunSection(
         style="prose",
         runs_per_shape=1,
@@ -240,14 +227,10 @@ def test_write_section_merges_atomically_and_load_checks_schema(tmp_path: Path) 
     )
     assert env.plan_env == {"EXL3_PINNED_FRAC": "0.2"}, "plan keys only, never secrets"
     assert len(env.tool_sha256) == 64
-    path = write_section(
-        tmp_path / "out", env, run=_section(7000, 49.0), gates={"run": []}
-    )
+    path = write_section(tmp_path / "out", env, run=_section(7000, 49.0), gates={"run": []})
     loaded = load_summary(tmp_path / "out")
     assert loaded.schema_version == SCHEMA_VERSION and loaded.run is not None
-    assert sorted(p.name for p in path.parent.iterdir()) == ["summary.json"], (
-        "no temp file left behind"
-    )
+    assert sorted(p.name for p in path.parent.iterdir()) == ["summary.json"], "no temp file left behind"
     raw = json.loads(path.read_text())
     raw["schema_version"] = "glm53.bench/0"
     path.write_text(json.dumps(raw))
@@ -292,9 +275,7 @@ def test_compare_two_reports_and_against_the_recipe() -> None:
     vs_recipe = compare_to_recipe(b)
     mine = {(r.subject, r.metric): r for r in vs_recipe.rows}
     assert mine[("8192:2048", "decode_tok_s")].a == 50.4
-    assert mine[("131072:2048", "decode_tok_s")].b is None, (
-        "shapes not measured show as missing"
-    )
+    assert mine[("131072:2048", "decode_tok_s")].b is None, "shapes not measured show as missing"
     with pytest.raises(BadInput, match="--profile"):
         compare_to_recipe(b, profile="nope")
 
@@ -302,9 +283,9 @@ def test_compare_two_reports_and_against_the_recipe() -> None:
 def test_environment_model_round_trips() -> None:
     env = collect_environment(None, environ={})
     assert Environment.model_validate_json(env.model_dump_json()) == env
-    assert plan_env(
-        {"MAX_MODEL_LEN": "262144", "HF_TOKEN": "x", "GLM53_SECRET_THING": "y"}
-    ) == {"MAX_MODEL_LEN": "262144"}
+    assert plan_env({"MAX_MODEL_LEN": "262144", "HF_TOKEN": "x", "GLM53_SECRET_THING": "y"}) == {
+        "MAX_MODEL_LEN": "262144"
+    }
 
 
 def test_one_summary_holds_one_server(tmp_path: Path) -> None:
@@ -312,9 +293,7 @@ def test_one_summary_holds_one_server(tmp_path: Path) -> None:
     from glm53.bench.report import ensure_same_server
 
     first = ServerInfo(base_url="http://a:1", model="m")
-    write_section(
-        tmp_path, collect_environment(first, environ={}), run=_section(7000, 49.0)
-    )
+    write_section(tmp_path, collect_environment(first, environ={}), run=_section(7000, 49.0))
     ensure_same_server(tmp_path, first)
     with pytest.raises(BadInput, match="--out") as info:
         ensure_same_server(tmp_path, ServerInfo(base_url="http://b:1", model="m"))
@@ -332,22 +311,14 @@ def test_environment_records_gpus_and_driver(monkeypatch: pytest.MonkeyPatch) ->
         driver_version="580.95.05",
         compute_capability=(8, 6),
     )
-    monkeypatch.setattr(
-        gpus, "read_gpus", lambda: [fake, fake.model_copy(update={"index": 1})]
-    )
+    monkeypatch.setattr(gpus, "read_gpus", lambda: [fake, fake.model_copy(update={"index": 1})])
     env = collect_environment(None, environ={})
     assert env.driver == "580.95.05" and env.gpu_note is None
-    assert [g["index"] for g in env.gpus] == [0, 1] and env.gpus[0][
-        "name"
-    ] == "NVIDIA GeForce RTX 3090"
+    assert [g["index"] for g in env.gpus] == [0, 1] and env.gpus[0]["name"] == "NVIDIA GeForce RTX 3090"
 
     def no_gpu() -> list[gpus.GpuInfo]:
         raise gpus.NoGpu("NVML cannot start: no driver")
 
     monkeypatch.setattr(gpus, "read_gpus", no_gpu)
     env = collect_environment(None, environ={})
-    assert (
-        env.gpus == []
-        and env.driver is None
-        and env.gpu_note == "NVML cannot start: no driver"
-    )
+    assert env.gpus == [] and env.driver is None and env.gpu_note == "NVML cannot start: no driver"

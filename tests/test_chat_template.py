@@ -19,9 +19,7 @@ PHRASE = "I have thought about this enough; I will now act on my best plan."
 
 
 def _recipe_end() -> str:
-    return reasoning_end_str(
-        load_profile("agent-256k", environ={}).value("REASONING_CONFIG")
-    )
+    return reasoning_end_str(load_profile("agent-256k", environ={}).value("REASONING_CONFIG"))
 
 
 def test_end_string_is_the_recipes_reasoning_config() -> None:
@@ -42,12 +40,7 @@ def test_generation_prompt_opens_thinking_and_states_the_budget() -> None:
         "<|user|>\n17 x 23?<|assistant|><think>"
     )
     assert THINKING_BUDGET_TOKENS == 4096
-    assert (
-        render([{"role": "user", "content": "x"}], thinking_budget=1024).count(
-            "1024 tokens"
-        )
-        == 1
-    )
+    assert render([{"role": "user", "content": "x"}], thinking_budget=1024).count("1024 tokens") == 1
 
 
 def test_thinking_off_closes_the_block_and_drops_the_budget_line() -> None:
@@ -75,18 +68,11 @@ def test_cut_reasoning_is_closed_with_exactly_the_forced_end_string() -> None:
     ]
     out = render(
         messages,
-        tools=[
-            {"type": "function", "function": {"name": "read_file", "parameters": {}}}
-        ],
+        tools=[{"type": "function", "function": {"name": "read_file", "parameters": {}}}],
     )
-    assert (
-        f"<|assistant|><think>Look at the loop first.{_recipe_end()}<tool_call>read_file"
-        in out
-    )
+    assert f"<|assistant|><think>Look at the loop first.{_recipe_end()}<tool_call>read_file" in out
     assert "<arg_key>path</arg_key><arg_value>a.py</arg_value></tool_call>" in out
-    assert out.endswith(
-        "<|observation|><tool_response>print(1)</tool_response><|assistant|><think>"
-    )
+    assert out.endswith("<|observation|><tool_response>print(1)</tool_response><|assistant|><think>")
 
 
 def test_reasoning_before_the_last_user_turn_is_dropped_and_natural_ends_kept() -> None:

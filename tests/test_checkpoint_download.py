@@ -79,8 +79,11 @@ def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path
     assert same_files(source, target)
     lock = load_lock(target / LOCK_FILENAME)
     assert (lock.repo, lock.revision, lock.source) == (REPO, REV, "hub")
-    resumed = [r for r in hub.requests if r.method == "GET" and r.path.endswith(BIG) and r.range
-               and not r.range.startswith("bytes=0-")]
+    resumed = [
+        r
+        for r in hub.requests
+        if r.method == "GET" and r.path.endswith(BIG) and r.range and not r.range.startswith("bytes=0-")
+    ]
     assert resumed, "the broken transfer was resumed with a Range request"
     assert not partials(target)
 
@@ -89,8 +92,7 @@ def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path
     assert "all 8 files match" in again.stdout
 
 
-def test_download_against_a_given_lock_fetches_only_locked_files(hub: FakeHub, source: Path,
-                                                                  tmp_path: Path) -> None:
+def test_download_against_a_given_lock_fetches_only_locked_files(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     partial = tmp_path / "partial"
     partial.mkdir()
     for name in ("config.json", "kpool_aux.safetensors"):
@@ -98,8 +100,9 @@ def test_download_against_a_given_lock_fetches_only_locked_files(hub: FakeHub, s
     lock_path = tmp_path / "pinned.lock.json"
     write_lock(lock_from_directory(partial, repo=REPO, revision=REV), lock_path)
     target = tmp_path / "dl"
-    result = run_glm53("model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(target),
-                       "--lock", str(lock_path))
+    result = run_glm53(
+        "model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(target), "--lock", str(lock_path)
+    )
     assert result.code == 0, result.stderr
     assert sorted(p.name for p in target.iterdir() if p.is_file()) == ["config.json", "kpool_aux.safetensors"]
 
@@ -111,14 +114,23 @@ def test_download_detects_content_that_differs_from_the_lock(hub: FakeHub, sourc
     tampered[-1] ^= 0xFF
     (source / "mtp.safetensors").write_bytes(bytes(tampered))
     hub.add_repo(REPO, REV, source)  # the server now serves different bytes for the pinned revision
-    result = run_glm53("model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(tmp_path / "dl"),
-                       "--lock", str(lock_path))
+    result = run_glm53(
+        "model",
+        "download",
+        "--repo",
+        REPO,
+        "--revision",
+        REV,
+        "--model-dir",
+        str(tmp_path / "dl"),
+        "--lock",
+        str(lock_path),
+    )
     assert result.code == 1
     assert "hash mismatch" in result.stderr and "mtp.safetensors" in result.stderr
 
 
-def test_download_refuses_a_file_the_hub_serves_at_another_size(hub: FakeHub, source: Path,
-                                                               tmp_path: Path) -> None:
+def test_download_refuses_a_file_the_hub_serves_at_another_size(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     lock_path = tmp_path / "pinned.lock.json"
     write_lock(lock_from_directory(source, repo=REPO, revision=REV), lock_path)
     (source / "mtp.safetensors").write_bytes((source / "mtp.safetensors").read_bytes() + b" ")
@@ -130,32 +142,47 @@ def test_download_refuses_a_file_the_hub_serves_at_another_size(hub: FakeHub, so
 
 
 def test_download_refuses_a_branch_name_and_a_mismatched_lock(hub: FakeHub, source: Path, tmp_path: Path) -> None:
-    result = run_glm53("model", "download", "--repo", REPO, "--revision", "3.05bpw",
-                       "--model-dir", str(tmp_path / "dl"))
+    result = run_glm53(
+        "model", "download", "--repo", REPO, "--revision", "3.05bpw", "--model-dir", str(tmp_path / "dl")
+    )
     assert result.code == 2 and "40-hex" in result.stderr
     lock_path = tmp_path / "other.lock.json"
     write_lock(lock_from_directory(source, repo="someone/else", revision=REV), lock_path)
-    result = run_glm53("model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(tmp_path / "dl"),
-                       "--lock", str(lock_path))
+    result = run_glm53(
+        "model",
+        "download",
+        "--repo",
+        REPO,
+        "--revision",
+        REV,
+        "--model-dir",
+        str(tmp_path / "dl"),
+        "--lock",
+        str(lock_path),
+    )
     assert result.code == 2 and "someone/else" in result.stderr
     assert not [r for r in hub.requests if "/resolve/" in r.path]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
-def test_an_interrupted_download_continues_from_the_bytes_on_disk(hub: FakeHub, source: Path, tmp_path: Path,
-                                                                   sig: signal.Signals) -> None:
+def test_an_interrupted_download_continues_from_the_bytes_on_disk(
+    hub: FakeHub, source: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
     target = tmp_path / "dl"
     part = partial_path(target, BIG)
     size = (source / BIG).stat().st_size
     hub.stall_after[BIG] = DOWNLOAD_CHUNK_SIZE
     code = "import sys; from glm53.cli.main import main; sys.argv[0] = 'glm53'; main()"
     with open(tmp_path / "first.log", "wb") as log:
-        first = subprocess.Popen([sys.executable, "-c", code, *download_args(target), "--json"],
-                                 stdout=log, stderr=subprocess.STDOUT)
+        first = subprocess.Popen(
+            [sys.executable, "-c", code, *download_args(target), "--json"], stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             wait_for(hub.stalled.is_set, "the transfer to stall")
-            wait_for(lambda: part.is_file() and part.stat().st_size == DOWNLOAD_CHUNK_SIZE,
-                     "the first chunk to reach the disk")
+            wait_for(
+                lambda: part.is_file() and part.stat().st_size == DOWNLOAD_CHUNK_SIZE,
+                "the first chunk to reach the disk",
+            )
             first.send_signal(sig)
             first.wait(timeout=30)
         finally:
@@ -184,7 +211,8 @@ def test_an_interrupted_download_continues_from_the_bytes_on_disk(hub: FakeHub, 
 
 
 def test_a_download_that_exhausts_its_retries_keeps_its_bytes_for_the_next_run(
-        hub: FakeHub, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub: FakeHub, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub.file_download as file_download
 
     monkeypatch.setattr(file_download.time, "sleep", lambda seconds: None)  # its pause between retries
@@ -207,7 +235,8 @@ def test_a_download_that_exhausts_its_retries_keeps_its_bytes_for_the_next_run(
 
 
 def test_kept_bytes_of_other_content_are_caught_by_the_verify_and_fetched_again(
-        hub: FakeHub, source: Path, tmp_path: Path) -> None:
+    hub: FakeHub, source: Path, tmp_path: Path
+) -> None:
     target = tmp_path / "dl"
     target.mkdir()
     write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
@@ -223,8 +252,9 @@ def test_kept_bytes_of_other_content_are_caught_by_the_verify_and_fetched_again(
     assert not partials(target)
 
 
-def test_a_server_that_ignores_the_range_gets_the_partial_rewritten_from_byte_0(hub: FakeHub, source: Path,
-                                                                               tmp_path: Path) -> None:
+def test_a_server_that_ignores_the_range_gets_the_partial_rewritten_from_byte_0(
+    hub: FakeHub, source: Path, tmp_path: Path
+) -> None:
     target = tmp_path / "dl"
     target.mkdir()
     write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
@@ -270,8 +300,9 @@ class RecordingProgress:
         self.advanced += nbytes
 
 
-def test_progress_covers_the_whole_download_and_starts_from_the_kept_bytes(hub: FakeHub, source: Path,
-                                                                           tmp_path: Path) -> None:
+def test_progress_covers_the_whole_download_and_starts_from_the_kept_bytes(
+    hub: FakeHub, source: Path, tmp_path: Path
+) -> None:
     target = tmp_path / "dl"
     target.mkdir()
     write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
@@ -288,8 +319,9 @@ def test_progress_covers_the_whole_download_and_starts_from_the_kept_bytes(hub: 
     assert [r.range for r in hub.gets(BIG)] == [f"bytes={kept}-"]
 
 
-def test_progress_bar_on_a_terminal_and_quiet_with_json(hub: FakeHub, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_bar_on_a_terminal_and_quiet_with_json(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich treats stderr as a terminal
     shown = run_glm53(*download_args(tmp_path / "tty"))
     assert shown.code == 0, shown.stderr

@@ -31,7 +31,8 @@ def test_headers_of_the_tiny_checkpoint_agree_with_the_safetensors_library(tmp_p
             assert header.metadata == reference.metadata()
         assert header.data_start + header.tensor_bytes == file.stat().st_size
     mul1 = read_safetensors_header(root / "model-00002-of-00003.safetensors").tensors[
-        "model.language_model.layers.3.mlp.experts.0.gate_proj.mul1"]
+        "model.language_model.layers.3.mlp.experts.0.gate_proj.mul1"
+    ]
     assert (mul1.dtype, mul1.shape, mul1.nbytes) == ("I32", (), 4)
 
 
@@ -69,8 +70,9 @@ T = {"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 8]}
         (b"{" + b'"a":' * 0 + b"[" * 100_000 + b"]" * 100_000 + b"}", b"", None, "invalid safetensors header"),
     ],
 )
-def test_hostile_headers_are_refused_naming_the_file(tmp_path: Path, header: object, data: bytes,
-                                                     length: int | None, message: str) -> None:
+def test_hostile_headers_are_refused_naming_the_file(
+    tmp_path: Path, header: object, data: bytes, length: int | None, message: str
+) -> None:
     path = raw_file(tmp_path / "evil.safetensors", header, data, length=length)
     with pytest.raises(BadInput) as caught:
         read_safetensors_header(path)

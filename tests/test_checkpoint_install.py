@@ -124,8 +124,10 @@ def test_dangling_index_entries_are_refused(checkpoint: Path) -> None:
     [
         (lambda text: text[: len(text) // 2], "not valid JSON"),
         (lambda text: json.dumps({"weight_map": []}), "weight_map"),
-        (lambda text: text.replace('"model-00001-of-00003.safetensors"', '"../model-00001-of-00003.safetensors"', 1),
-         "must be relative"),
+        (
+            lambda text: text.replace('"model-00001-of-00003.safetensors"', '"../model-00001-of-00003.safetensors"', 1),
+            "must be relative",
+        ),
         (lambda text: text.replace('"model-00001-of-00003.safetensors"', '"/etc/passwd"', 1), "must be relative"),
         (lambda text: json.dumps({**json.loads(text), "metadata": {"total_size": "big"}}), "total_size"),
     ],
@@ -166,6 +168,7 @@ def test_a_missing_model_dir_or_index_is_bad_input(tmp_path: Path) -> None:
 
 
 # --- read-only and full file systems: real ones, mounted for the test -------------------------------
+
 
 def _can_mount() -> bool:
     return os.geteuid() == 0 and shutil.which("mount") is not None

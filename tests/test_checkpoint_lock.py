@@ -53,7 +53,9 @@ def test_lock_from_directory_records_every_file(checkpoint: Path) -> None:
             header = read_safetensors_header(checkpoint / entry.path)
             assert entry.safetensors is not None
             assert (entry.safetensors.tensors, entry.safetensors.header_sha256) == (
-                len(header.tensors), header.header_sha256)
+                len(header.tensors),
+                header.header_sha256,
+            )
         else:
             assert entry.safetensors is None
     assert lock.total_size == sum(f.size for f in lock.files)
@@ -125,7 +127,8 @@ def test_a_lock_that_is_not_json_is_bad_input(checkpoint: Path) -> None:
 
 
 def test_lock_from_hub_matches_the_local_lock_without_downloading_weights(
-        checkpoint: Path, hub: FakeHub, tmp_path: Path) -> None:
+    checkpoint: Path, hub: FakeHub, tmp_path: Path
+) -> None:
     out = tmp_path / "hub.lock.json"
     result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", REV, "--out", str(out))
     assert result.code == 0, result.stderr
@@ -152,14 +155,16 @@ def test_lock_from_hub_unknown_revision_and_repo(hub: FakeHub, tmp_path: Path) -
     other = "0" * 40
     result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", other, "--out", str(tmp_path / "l.json"))
     assert result.code == 2 and "not found" in result.stderr and other in result.stderr
-    result = run_glm53("model", "lock", "--from-hub", "nobody/nothing", "--revision", REV,
-                       "--out", str(tmp_path / "l.json"))
+    result = run_glm53(
+        "model", "lock", "--from-hub", "nobody/nothing", "--revision", REV, "--out", str(tmp_path / "l.json")
+    )
     assert result.code == 2 and "nobody/nothing" in result.stderr
     assert not (tmp_path / "l.json").exists()
 
 
-def test_lock_from_hub_with_an_unreachable_endpoint_fails_cleanly(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lock_from_hub_with_an_unreachable_endpoint_fails_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
     result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", REV, "--out", str(tmp_path / "l.json"))

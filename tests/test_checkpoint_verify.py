@@ -46,8 +46,11 @@ def test_an_intact_checkpoint_passes(locked: Path) -> None:
     report = result.json()
     assert report["ok"] is True
     assert report["files"] == 7
-    assert report["bytes_hashed"] == report["bytes_total"] == sum(
-        p.stat().st_size for p in locked.iterdir() if p.name != LOCK_FILENAME)
+    assert (
+        report["bytes_hashed"]
+        == report["bytes_total"]
+        == sum(p.stat().st_size for p in locked.iterdir() if p.name != LOCK_FILENAME)
+    )
 
 
 def test_each_problem_is_reported_by_path_and_fails(locked: Path) -> None:
@@ -69,8 +72,16 @@ def test_each_problem_is_reported_by_path_and_fails(locked: Path) -> None:
     assert report["extra_files"] == ["NOTES.txt"]
     human = run_glm53("model", "verify", "--model-dir", str(locked))
     assert human.code == 1
-    for needle in ("missing", "config.json", "size mismatch", "hash mismatch", SHARD, "stray safetensors",
-                   "kpool_aux-old.safetensors", "FAILED"):
+    for needle in (
+        "missing",
+        "config.json",
+        "size mismatch",
+        "hash mismatch",
+        SHARD,
+        "stray safetensors",
+        "kpool_aux-old.safetensors",
+        "FAILED",
+    ):
         assert needle in human.stdout
 
 

@@ -31,14 +31,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
 
 
 def _facts(tree: str, nvml: FakeNvml | None = None, **kwargs: object) -> DoctorFacts:
-    fake = (
-        nvml
-        if nvml is not None
-        else FakeNvml(init_error="NVML Shared Library Not Found")
-    )
-    return read_facts(
-        FIXTURES / tree, gpu_reader=lambda: read_gpus(fake), machine="x86_64", **kwargs
-    )  # type: ignore[arg-type]
+    fake = nvml if nvml is not None else FakeNvml(init_error="NVML Shared Library Not Found")
+    return read_facts(FIXTURES / tree, gpu_reader=lambda: read_gpus(fake), machine="x86_64", **kwargs)  # type: ignore[arg-type]
 
 
 def test_thresholds_come_from_the_repro_lock() -> None:
@@ -68,9 +62,7 @@ def test_host_audit_is_the_same_engine_with_the_validated_hardware() -> None:
 
 
 def _report(facts: DoctorFacts, profile: str) -> DoctorReport:
-    return run_checks(
-        facts, requirements_for(load_profile(profile, environ={})), load_limits(), profile=profile
-    )
+    return run_checks(facts, requirements_for(load_profile(profile, environ={})), load_limits(), profile=profile)
 
 
 def _by_name(report: DoctorReport) -> dict[str, tuple[str, str, str | None]]:
@@ -84,23 +76,12 @@ def test_gpu_host_is_ready_for_the_recipe() -> None:
     checks = _by_name(report)
     assert report.ok, [c for c in report.checks if c.status == "fail"]
     assert checks["gpu count"][0] == "ok" and "2 GPU(s)" in checks["gpu count"][1]
-    assert (
-        checks["nvidia driver"][0] == "ok" and "580.95.05" in checks["nvidia driver"][1]
-    )
-    assert (
-        checks["gpu 0"][0] == "ok"
-        and "sm_86" in checks["gpu 0"][1]
-        and "24,576 MiB total" in checks["gpu 0"][1]
-    )
+    assert checks["nvidia driver"][0] == "ok" and "580.95.05" in checks["nvidia driver"][1]
+    assert checks["gpu 0"][0] == "ok" and "sm_86" in checks["gpu 0"][1] and "24,576 MiB total" in checks["gpu 0"][1]
     assert checks["memlock"] == ("ok", "unlimited", None)
-    assert (
-        checks["host memory"][0] == "ok"
-        and "cgroup v2 limit 120.0 GiB" in checks["host memory"][1]
-    )
+    assert checks["host memory"][0] == "ok" and "cgroup v2 limit 120.0 GiB" in checks["host memory"][1]
     assert checks["cpu features"] == ("ok", "AVX2, FMA, F16C", None)
-    assert (
-        checks["kernel"][0] == "ok" and checks["transparent hugepages"][1] == "madvise"
-    )
+    assert checks["kernel"][0] == "ok" and checks["transparent hugepages"][1] == "madvise"
 
 
 def test_stale_shared_memory_is_found_and_live_segments_are_not() -> None:
@@ -111,11 +92,7 @@ def test_stale_shared_memory_is_found_and_live_segments_are_not() -> None:
         "psm_77d0a4b1": False,
     }  # pulse-shm-* is not ours
     stale = _by_name(_report(facts, "agent-256k"))["stale shm segments"]
-    assert (
-        stale[0] == "warn"
-        and "psm_77d0a4b1" in stale[1]
-        and "psm_3f9a1c2e" not in stale[1]
-    )
+    assert stale[0] == "warn" and "psm_77d0a4b1" in stale[1] and "psm_3f9a1c2e" not in stale[1]
     assert stale[2] == "rm /dev/shm/psm_77d0a4b1"
 
 
@@ -124,26 +101,17 @@ def test_open_file_descriptor_keeps_a_segment_in_use(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "gpu-host", root)
     (root / "proc/2231/fd").mkdir(parents=True)
     os.symlink("/dev/shm/psm_77d0a4b1", root / "proc/2231/fd/9")
-    facts = read_facts(
-        root, gpu_reader=lambda: read_gpus(two_3090s()), machine="x86_64"
-    )
+    facts = read_facts(root, gpu_reader=lambda: read_gpus(two_3090s()), machine="x86_64")
     assert all(s.in_use for s in facts.host.shm_segments)
 
 
 def test_busy_gpu_and_old_driver() -> None:
-    report = _report(
-        _facts("gpu-host", two_3090s(used_mib=1900, driver="550.127.05")), "agent-256k"
-    )
+    report = _report(_facts("gpu-host", two_3090s(used_mib=1900, driver="550.127.05")), "agent-256k")
     checks = _by_name(report)
-    assert (
-        checks["gpu 0"][0] == "warn"
-        and "1,900 MiB already in use" in checks["gpu 0"][1]
-    )
+    assert checks["gpu 0"][0] == "warn" and "1,900 MiB already in use" in checks["gpu 0"][1]
     assert "nvidia-smi" in (checks["gpu 0"][2] or "")
     assert checks["gpu 1"][0] == "ok"
-    assert checks["nvidia driver"][0] == "fail" and "580" in (
-        checks["nvidia driver"][2] or ""
-    )
+    assert checks["nvidia driver"][0] == "fail" and "580" in (checks["nvidia driver"][2] or "")
     assert not report.ok
 
 
@@ -151,41 +119,27 @@ def test_one_small_old_gpu() -> None:
     nvml = FakeNvml(gpus=[FakeGpu("Tesla T4", 15360, 0, capability=(7, 5))])
     checks = _by_name(_report(_facts("gpu-host", nvml), "agent-256k"))
     assert checks["gpu count"][0] == "fail" and "needs 2" in checks["gpu count"][1]
-    assert (
-        checks["gpu 0"][0] == "fail"
-        and "built for sm_86, not sm_75" in checks["gpu 0"][1]
-    )
+    assert checks["gpu 0"][0] == "fail" and "built for sm_86, not sm_75" in checks["gpu 0"][1]
 
 
 def test_old_desktop_fails_with_a_fix_for_each_problem() -> None:
     report = _report(_facts("old-desktop"), "agent-256k")
     checks = _by_name(report)
-    assert (
-        checks["gpus"][0] == "fail"
-        and "NVML Shared Library Not Found" in checks["gpus"][1]
-    )
+    assert checks["gpus"][0] == "fail" and "NVML Shared Library Not Found" in checks["gpus"][1]
     assert "--profile cpu-tiny" in (checks["gpus"][2] or "")
     assert checks["memlock"][0] == "fail" and checks["memlock"][1].startswith("8.0 MiB")
     assert "memlock=-1" in (checks["memlock"][2] or "")
-    assert (
-        checks["cpu features"][0] == "fail"
-        and checks["cpu features"][1] == "missing AVX2, FMA, F16C"
-    )
+    assert checks["cpu features"][0] == "fail" and checks["cpu features"][1] == "missing AVX2, FMA, F16C"
     assert checks["kernel"][0] == "fail" and "5.10.0-32-amd64" in checks["kernel"][1]
     assert checks["transparent hugepages"][0] == "warn"
-    assert (
-        checks["host memory"][0] == "fail"
-        and "no cgroup limit" in checks["host memory"][1]
-    )
+    assert checks["host memory"][0] == "fail" and "no cgroup limit" in checks["host memory"][1]
     assert all(c.fix for c in report.failures)
 
 
 def test_without_a_gpu_the_cpu_profile_still_passes_gpu_and_memlock() -> None:
     checks = _by_name(_report(_facts("old-desktop"), "cpu-tiny"))
     assert checks["gpus"][0] == "ok" and "runs on the CPU" in checks["gpus"][1]
-    assert (
-        checks["memlock"][0] == "ok" and "pins no host memory" in checks["memlock"][1]
-    )
+    assert checks["memlock"][0] == "ok" and "pins no host memory" in checks["memlock"][1]
 
 
 def test_port_in_use_is_a_failure() -> None:
@@ -193,9 +147,7 @@ def test_port_in_use_is_a_failure() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        checks = _by_name(
-            _report(_facts("gpu-host", two_3090s(), port=port), "cpu-tiny")
-        )
+        checks = _by_name(_report(_facts("gpu-host", two_3090s(), port=port), "cpu-tiny"))
     assert checks["port"][0] == "fail" and "in use" in checks["port"][1]
     assert f":{port}" in (checks["port"][2] or "")
 
@@ -208,9 +160,7 @@ def test_nvml_errors_become_plain_reasons() -> None:
         read_gpus(empty)
     assert empty.calls == ["init", "shutdown"]
     gpus = read_gpus(two_3090s())
-    assert [g.index for g in gpus] == [0, 1] and gpus[0].memory_free_bytes == (
-        24576 - 300
-    ) << 20
+    assert [g.index for g in gpus] == [0, 1] and gpus[0].memory_free_bytes == (24576 - 300) << 20
 
 
 def test_real_host_memlock_comes_from_resource_limits(tmp_path: Path) -> None:
@@ -220,9 +170,7 @@ def test_real_host_memlock_comes_from_resource_limits(tmp_path: Path) -> None:
         "from glm53.host.facts import read_memlock; from pathlib import Path; "
         "print(json.dumps(read_memlock(Path('/'))))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[65536, true]"
 
 
@@ -267,26 +215,14 @@ def test_model_dir_verified_through_the_lock(tmp_path: Path) -> None:
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text("{}\n")
-    unlocked = _by_name(
-        _report(_facts("gpu-host", two_3090s(), model_dir=model), "cpu-tiny")
-    )
-    assert (
-        unlocked["model verified"][0] == "fail"
-        and "lock not found" in unlocked["model verified"][1]
-    )
+    unlocked = _by_name(_report(_facts("gpu-host", two_3090s(), model_dir=model), "cpu-tiny"))
+    assert unlocked["model verified"][0] == "fail" and "lock not found" in unlocked["model verified"][1]
     write_lock(lock_from_directory(model), default_lock_path(model))
-    locked = _by_name(
-        _report(_facts("gpu-host", two_3090s(), model_dir=model), "cpu-tiny")
-    )
+    locked = _by_name(_report(_facts("gpu-host", two_3090s(), model_dir=model), "cpu-tiny"))
     assert locked["model verified"][0] == "ok"
     (model / "config.json").write_text('{"changed": 1}\n')
-    changed = _by_name(
-        _report(_facts("gpu-host", two_3090s(), model_dir=model), "cpu-tiny")
-    )
-    assert (
-        changed["model verified"][0] == "fail"
-        and "config.json" in changed["model verified"][1]
-    )
+    changed = _by_name(_report(_facts("gpu-host", two_3090s(), model_dir=model), "cpu-tiny"))
+    assert changed["model verified"][0] == "fail" and "config.json" in changed["model verified"][1]
 
 
 def test_upstream_index_fails_until_install_repairs_it(tmp_path: Path) -> None:

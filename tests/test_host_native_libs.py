@@ -110,12 +110,22 @@ def test_rpath_runpath_origin_and_ld_library_path_follow_the_loader(tmp_path: Pa
     (tmp_path / "dep.c").write_text("int glm53_dep(void) { return 7; }\n")
     (tmp_path / "user.c").write_text("int glm53_dep(void);\nint glm53_user(void) { return glm53_dep(); }\n")
     cc = ["cc", "-shared", "-fPIC"]
-    subprocess.run([*cc, "-Wl,-soname,libglm53dep.so.1", "-o", lib_dir / "libglm53dep.so.1", tmp_path / "dep.c"],
-                   check=True)
+    subprocess.run(
+        [*cc, "-Wl,-soname,libglm53dep.so.1", "-o", lib_dir / "libglm53dep.so.1", tmp_path / "dep.c"], check=True
+    )
     (lib_dir / "libglm53dep.so").symlink_to("libglm53dep.so.1")
     link = ["-L", str(lib_dir), "-lglm53dep", "-Wl,--no-as-needed"]
-    subprocess.run([*cc, "-o", app_dir / "with_origin.so", tmp_path / "user.c", *link,
-                    "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../lib"], check=True)
+    subprocess.run(
+        [
+            *cc,
+            "-o",
+            app_dir / "with_origin.so",
+            tmp_path / "user.c",
+            *link,
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../lib",
+        ],
+        check=True,
+    )
     subprocess.run([*cc, "-o", app_dir / "plain.so", tmp_path / "user.c", *link], check=True)
     with_origin, plain = read_elf(app_dir / "with_origin.so"), read_elf(app_dir / "plain.so")
     assert with_origin.needed[0] == "libglm53dep.so.1" and with_origin.runpath == ["$ORIGIN/../lib"]

@@ -74,11 +74,7 @@ def test_fixture_trees_match_their_generator(tmp_path: Path) -> None:
     for machine in MACHINES:
         build(machine, tmp_path)
         generated = {
-            p.relative_to(tmp_path): p.read_bytes()
-            for p in (tmp_path / machine.name).rglob("*")
-            if p.is_file()
+            p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / machine.name).rglob("*") if p.is_file()
         }
-        committed = {
-            p.relative_to(HOSTS): p.read_bytes() for p in (HOSTS / machine.name).rglob("*") if p.is_file()
-        }
+        committed = {p.relative_to(HOSTS): p.read_bytes() for p in (HOSTS / machine.name).rglob("*") if p.is_file()}
         assert generated == committed, machine.name

@@ -16,9 +16,7 @@ from glm53.serve.chat_template import bounded_template_path
 from glm53.serve.launch import PlanInput, build_launch, environment_for_exec
 from glm53.serve.profiles import KEYS, load_profile
 
-RECIPE = json.loads(
-    (Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text()
-)
+RECIPE = json.loads((Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text())
 RECIPE_TEMPLATE = "/opt/glm53/configs/chat-template-bounded.jinja"
 
 
@@ -39,10 +37,7 @@ def test_agent_256k_is_the_recipes_launch_element_for_element() -> None:
         listen_all=True,
         overrides=[("CHAT_TEMPLATE", RECIPE_TEMPLATE)],
     )
-    expected = [
-        "--kv-cache-memory-bytes" if item == "--kv-cache-memory" else item
-        for item in RECIPE["launch"]
-    ]
+    expected = ["--kv-cache-memory-bytes" if item == "--kv-cache-memory" else item for item in RECIPE["launch"]]
     assert argv == expected
 
 
@@ -64,9 +59,7 @@ def test_prefill_256k_golden() -> None:
     argv = _launch("prefill-256k", model_dir="/model")
     agent = _launch("agent-256k", model_dir="/model")
     assert argv == [
-        "--no-enable-prefix-caching"
-        if a == "--enable-prefix-caching"
-        else ("16384" if a == "8192" else a)
+        "--no-enable-prefix-caching" if a == "--enable-prefix-caching" else ("16384" if a == "8192" else a)
         for a in agent
     ]
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "16384"
@@ -146,32 +139,21 @@ def test_plan_env_and_affinity_are_applied_and_cannot_smuggle_a_key() -> None:
         cpu_affinity=[3, 1, 2, 1],
     )
     spec = build_launch(profile, model_dir="/m", plan=plan)
-    assert (
-        spec.env["EXL3_LRU_CAPACITY_PLAN"] == "12,12"
-        and spec.origins["EXL3_LRU_CAPACITY_PLAN"] == "plan"
-    )
+    assert spec.env["EXL3_LRU_CAPACITY_PLAN"] == "12,12" and spec.origins["EXL3_LRU_CAPACITY_PLAN"] == "plan"
     assert spec.cpu_affinity == [1, 2, 3]
     with pytest.raises(BadInput, match="VLLM_API_KEY"):
         build_launch(profile, model_dir="/m", plan=PlanInput(env={"VLLM_API_KEY": "x"}))
     with pytest.raises(BadInput, match="launch flag"):
-        build_launch(
-            profile, model_dir="/m", plan=PlanInput(env={"MAX_MODEL_LEN": "5"})
-        )
+        build_launch(profile, model_dir="/m", plan=PlanInput(env={"MAX_MODEL_LEN": "5"}))
 
 
 def test_api_key_only_in_the_environment() -> None:
-    spec = build_launch(
-        load_profile("cpu-tiny", environ={}), model_dir="/m", api_key=True
-    )
-    env = environment_for_exec(
-        spec, {"PATH": "/bin", "VLLM_API_KEY": "stale"}, "s3cret"
-    )
+    spec = build_launch(load_profile("cpu-tiny", environ={}), model_dir="/m", api_key=True)
+    env = environment_for_exec(spec, {"PATH": "/bin", "VLLM_API_KEY": "stale"}, "s3cret")
     assert env["VLLM_API_KEY"] == "s3cret"
     assert all("s3cret" not in a for a in spec.argv)
     assert "s3cret" not in spec.model_dump_json()
-    assert "VLLM_API_KEY" not in environment_for_exec(
-        spec, {"VLLM_API_KEY": "stale"}, None
-    )
+    assert "VLLM_API_KEY" not in environment_for_exec(spec, {"VLLM_API_KEY": "stale"}, None)
 
 
 def test_exec_replaces_the_process_with_env_affinity_and_key(tmp_path: Path) -> None:
@@ -266,15 +248,10 @@ def test_plan_file_from_the_planner_layers_over_the_profile(tmp_path: Path) -> N
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "3221225472"
     assert launch["origins"]["--cpu-offload-gb"] == f"plan {plan}:1"
     assert launch["env"]["EXL3_HYBRID_CPU"] == "2-3;6-7"
-    assert (
-        launch["env"]["OMP_NUM_THREADS"] == "3"
-        and data["values"]["OMP_NUM_THREADS"]["origin"] == "set"
-    )
+    assert launch["env"]["OMP_NUM_THREADS"] == "3" and data["values"]["OMP_NUM_THREADS"]["origin"] == "set"
     assert launch["env"]["HYBRID_MAIN_CPUS"] == "0-1,4-5"
     assert launch["cpu_affinity"] == [0, 1, 4, 5]
-    assert (
-        "CPU_OFFLOAD_GB" not in launch["env"]
-    )  # a flag key is a flag, not an exported variable
+    assert "CPU_OFFLOAD_GB" not in launch["env"]  # a flag key is a flag, not an exported variable
 
 
 def test_flag_check_cache_key_ignores_model_host_and_port() -> None:

@@ -31,8 +31,14 @@ NIX_ENV = {**os.environ, "NIX_CONFIG": NIX_CONFIG}
 
 def nix_eval(expr: str, *, raw: bool = False) -> subprocess.CompletedProcess[str]:
     mode = "--raw" if raw else "--json"
-    return subprocess.run(["nix", "eval", mode, "--impure", "--expr", expr], cwd=ROOT, env=NIX_ENV,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["nix", "eval", mode, "--impure", "--expr", expr],
+        cwd=ROOT,
+        env=NIX_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def lib_expr(body: str) -> str:
@@ -43,8 +49,7 @@ def test_every_nix_file_parses() -> None:
     files = sorted([ROOT / "flake.nix", *ROOT.glob("nix/**/*.nix"), *ROOT.glob("pkgs/**/*.nix")])
     assert len(files) >= 9
     for path in files:
-        result = subprocess.run(["nix-instantiate", "--parse", str(path)], capture_output=True, text=True,
-                                env=NIX_ENV)
+        result = subprocess.run(["nix-instantiate", "--parse", str(path)], capture_output=True, text=True, env=NIX_ENV)
         assert result.returncode == 0, f"{path}: {result.stderr}"
 
 
@@ -65,24 +70,30 @@ def test_flake_lock_matches_repro_lock() -> None:
     flake_lock = json.loads((ROOT / "flake.lock").read_text())
     locked = flake_lock["nodes"]["nixpkgs"]["locked"]
     assert (locked["rev"], locked["narHash"], locked["lastModified"]) == (
-        lock.nix.nixpkgs.rev, lock.nix.nixpkgs.narHash, lock.nix.nixpkgs.lastModified)
+        lock.nix.nixpkgs.rev,
+        lock.nix.nixpkgs.narHash,
+        lock.nix.nixpkgs.lastModified,
+    )
 
 
 def test_settings_render_to_sorted_env_lines() -> None:
-    expr = lib_expr('lib.renderEnvFile { MAX_MODEL_LEN = 131072; PREFIX_CACHING = true; '
-                    'GPU_MEMORY_UTILIZATION = 0.94; SERVED_MODEL_NAME = "GLM-5.3-Flash"; }')
+    expr = lib_expr(
+        "lib.renderEnvFile { MAX_MODEL_LEN = 131072; PREFIX_CACHING = true; "
+        'GPU_MEMORY_UTILIZATION = 0.94; SERVED_MODEL_NAME = "GLM-5.3-Flash"; }'
+    )
     result = nix_eval(expr, raw=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == ("GPU_MEMORY_UTILIZATION=0.94\nMAX_MODEL_LEN=131072\nPREFIX_CACHING=1\n"
-                             "SERVED_MODEL_NAME=GLM-5.3-Flash\n")
+    assert result.stdout == (
+        "GPU_MEMORY_UTILIZATION=0.94\nMAX_MODEL_LEN=131072\nPREFIX_CACHING=1\nSERVED_MODEL_NAME=GLM-5.3-Flash\n"
+    )
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ('{ max_model_len = 1; }', "invalid key(s) max_model_len"),
+        ("{ max_model_len = 1; }", "invalid key(s) max_model_len"),
         ('{ CHAT_TEMPLATE = "a\\nb"; }', "CHAT_TEMPLATE must not contain a newline"),
-        ('{ MAX_MODEL_LEN = [ 1 ]; }', "MAX_MODEL_LEN must be a string, number or boolean"),
+        ("{ MAX_MODEL_LEN = [ 1 ]; }", "MAX_MODEL_LEN must be a string, number or boolean"),
     ],
 )
 def test_bad_settings_fail_evaluation_with_the_key(settings: str, message: str) -> None:
@@ -98,17 +109,37 @@ def test_unset_pin_stops_evaluation_naming_the_lock_field() -> None:
 
 
 def test_serve_args_keep_loopback_unless_told() -> None:
-    local = json.loads(nix_eval(lib_expr(
-        'lib.serveArgs { profile = "agent-256k"; modelDir = "/srv/m"; envFile = "/e"; }')).stdout)
-    assert local == ["serve", "--profile", "agent-256k", "--model-dir", "/srv/m", "--env-file", "/e",
-                     "--host", "127.0.0.1", "--port", "8000"]
-    remote = json.loads(nix_eval(lib_expr(
-        'lib.serveArgs { profile = "agent-256k"; modelDir = "/m"; envFile = "/e"; host = "0.0.0.0"; '
-        'listenAll = true; apiKeyFile = "/run/credentials/glm53.service/api-key"; }')).stdout)
+    local = json.loads(
+        nix_eval(lib_expr('lib.serveArgs { profile = "agent-256k"; modelDir = "/srv/m"; envFile = "/e"; }')).stdout
+    )
+    assert local == [
+        "serve",
+        "--profile",
+        "agent-256k",
+        "--model-dir",
+        "/srv/m",
+        "--env-file",
+        "/e",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+    ]
+    remote = json.loads(
+        nix_eval(
+            lib_expr(
+                'lib.serveArgs { profile = "agent-256k"; modelDir = "/m"; envFile = "/e"; host = "0.0.0.0"; '
+                'listenAll = true; apiKeyFile = "/run/credentials/glm53.service/api-key"; }'
+            )
+        ).stdout
+    )
     assert remote[-3:] == ["--listen-all", "--api-key-file", "/run/credentials/glm53.service/api-key"]
     # Nix passes the address through; it never adds --listen-all on its own.
-    bare = json.loads(nix_eval(lib_expr(
-        'lib.serveArgs { profile = "agent-256k"; modelDir = "/m"; envFile = "/e"; host = "0.0.0.0"; }')).stdout)
+    bare = json.loads(
+        nix_eval(
+            lib_expr('lib.serveArgs { profile = "agent-256k"; modelDir = "/m"; envFile = "/e"; host = "0.0.0.0"; }')
+        ).stdout
+    )
     assert "--listen-all" not in bare
 
 
@@ -121,18 +152,19 @@ def test_the_module_offers_exactly_the_packaged_profiles() -> None:
 @pytest.mark.parametrize(
     ("address", "code"),
     [
-        ("host = \"127.0.0.1\";", 0),
-        ("host = \"::1\";", 0),
-        ("host = \"localhost\";", 2),  # not an IP address: glm53 refuses it, so the build does too
-        ("host = \"0.0.0.0\";", 2),
-        ("host = \"0.0.0.0\"; listenAll = true;", 0),
+        ('host = "127.0.0.1";', 0),
+        ('host = "::1";', 0),
+        ('host = "localhost";', 2),  # not an IP address: glm53 refuses it, so the build does too
+        ('host = "0.0.0.0";', 2),
+        ('host = "0.0.0.0"; listenAll = true;', 0),
     ],
 )
 def test_the_build_time_check_decides_the_address_as_serve_does(tmp_path: Path, address: str, code: int) -> None:
     env_file = tmp_path / "glm53.env"
     env_file.write_text(nix_eval(lib_expr("lib.renderEnvFile { MAX_MODEL_LEN = 131072; }"), raw=True).stdout)
-    argv = json.loads(nix_eval(lib_expr(
-        f'lib.checkArgs {{ profile = "agent-256k"; envFile = "{env_file}"; {address} }}')).stdout)
+    argv = json.loads(
+        nix_eval(lib_expr(f'lib.checkArgs {{ profile = "agent-256k"; envFile = "{env_file}"; {address} }}')).stdout
+    )
     result = run_glm53(*argv)
     assert result.returncode == code, result.stderr
     if code:
@@ -146,8 +178,16 @@ def run_glm53(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_audit_build_passes_a_deterministic_derivation(tmp_path: Path) -> None:
     salt = tmp_path.name  # a fresh derivation each run, so the first build really builds
-    result = run_glm53("repro", "audit-build", "--json", "--file", str(FIXTURES / "deterministic.nix"),
-                       "--nix-arg=--argstr", "--nix-arg=salt", f"--nix-arg={salt}")
+    result = run_glm53(
+        "repro",
+        "audit-build",
+        "--json",
+        "--file",
+        str(FIXTURES / "deterministic.nix"),
+        "--nix-arg=--argstr",
+        "--nix-arg=salt",
+        f"--nix-arg={salt}",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["reproducible"] is True
@@ -157,8 +197,16 @@ def test_audit_build_passes_a_deterministic_derivation(tmp_path: Path) -> None:
 
 
 def test_audit_build_flags_a_nondeterministic_derivation(tmp_path: Path) -> None:
-    result = run_glm53("repro", "audit-build", "--json", "--file", str(FIXTURES / "nondeterministic.nix"),
-                       "--nix-arg=--argstr", "--nix-arg=salt", f"--nix-arg={tmp_path.name}")
+    result = run_glm53(
+        "repro",
+        "audit-build",
+        "--json",
+        "--file",
+        str(FIXTURES / "nondeterministic.nix"),
+        "--nix-arg=--argstr",
+        "--nix-arg=salt",
+        f"--nix-arg={tmp_path.name}",
+    )
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["reproducible"] is False
@@ -170,9 +218,22 @@ def test_audit_build_flags_a_nondeterministic_derivation(tmp_path: Path) -> None
 def test_audit_build_explains_a_missing_build_users_group(tmp_path: Path) -> None:
     env = {**NIX_ENV, "NIX_CONFIG": NIX_CONFIG + "\nbuild-users-group = glm53-no-such-group"}
     result = subprocess.run(
-        [str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "glm53"), "repro", "audit-build",
-         "--file", str(FIXTURES / "deterministic.nix"), "--nix-arg=--argstr", "--nix-arg=salt",
-         f"--nix-arg={tmp_path.name}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        [
+            str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "glm53"),
+            "repro",
+            "audit-build",
+            "--file",
+            str(FIXTURES / "deterministic.nix"),
+            "--nix-arg=--argstr",
+            "--nix-arg=salt",
+            f"--nix-arg={tmp_path.name}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 3, result.stderr
     first, hint = result.stderr.strip().splitlines()[:2]
     assert first == "error: nix cannot build: its build-users-group 'glm53-no-such-group' does not exist on this host"
@@ -181,8 +242,10 @@ def test_audit_build_explains_a_missing_build_users_group(tmp_path: Path) -> Non
 
 def test_rendered_settings_are_what_glm53_reads(tmp_path: Path) -> None:
     """The module's pipeline: Nix renders the settings, `glm53 profile check` validates them."""
-    rendered = nix_eval(lib_expr('lib.renderEnvFile { MAX_MODEL_LEN = 131072; PREFIX_CACHING = false; '
-                                 'GPU_MEMORY_UTILIZATION = 0.9; }'), raw=True)
+    rendered = nix_eval(
+        lib_expr("lib.renderEnvFile { MAX_MODEL_LEN = 131072; PREFIX_CACHING = false; GPU_MEMORY_UTILIZATION = 0.9; }"),
+        raw=True,
+    )
     env_file = tmp_path / "glm53.env"
     env_file.write_text(rendered.stdout)
     result = run_glm53("profile", "check", "--profile", "agent-256k", "--env-file", str(env_file), "--json")

@@ -15,9 +15,7 @@ HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 RIG = ["--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "threadripper-5975wx-cgv2")]
 
 
-def run(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, str, str]:
+def run(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["glm53", *args])
     code = 0
     try:
@@ -28,9 +26,7 @@ def run(
     return code, captured.out, captured.err
 
 
-def test_plan_env_lines_for_the_recipe_rig(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_plan_env_lines_for_the_recipe_rig(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     code, out, _ = run(["plan", *RIG, "--env"], capsys, monkeypatch)
     assert code == 0
     lines = out.splitlines()
@@ -174,9 +170,7 @@ def test_synth_refuses_to_overwrite(
     assert (tmp_path / "t.jsonl").read_text() == "keep"
 
 
-def test_probe_without_cuda_exits_3(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_probe_without_cuda_exits_3(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     import torch
 

@@ -33,9 +33,7 @@ def test_profile_on_the_recipe_host_through_nvml() -> None:
     gpus = detect_gpus(two_3090s())
     assert [g.total_bytes for g in gpus] == [24576 << 20, 24576 << 20]
     assert gpus[0].used_bytes == 300 << 20
-    env, cpus = plan_serving_env(
-        load_profile("agent-256k"), gpus=gpus, root=HOSTS / "threadripper-5975wx-cgv2"
-    )
+    env, cpus = plan_serving_env(load_profile("agent-256k"), gpus=gpus, root=HOSTS / "threadripper-5975wx-cgv2")
     assert env["KV_CACHE_MEMORY_BYTES"] == "3328599040"
     assert env["CPU_OFFLOAD_GB"] == "54"
     assert env["HYBRID_MAIN_CPUS"] == "0-33,40-41,48-49,56-57"

@@ -62,9 +62,7 @@ def test_recipe_rig_plans_feasibly() -> None:
 def test_small_gpus_name_the_largest_context_that_fits() -> None:
     gpus = [GpuSpec(index=i, total_bytes=10 * GIB) for i in range(2)]
     with pytest.raises(Infeasible, match="expert slots") as info:
-        build_plan(
-            load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), gpus, ServingShape()
-        )
+        build_plan(load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), gpus, ServingShape())
     assert info.value.constraint == "gpu0 memory (KV cache)"
     assert info.value.hint is not None and "largest context that fits is" in info.value.hint
     assert info.value.exit_code == 1
@@ -73,17 +71,13 @@ def test_small_gpus_name_the_largest_context_that_fits() -> None:
 def test_tiny_gpus_cannot_hold_the_weights() -> None:
     gpus = [GpuSpec(index=i, total_bytes=6 * GIB) for i in range(2)]
     with pytest.raises(Infeasible, match="exceed its budget") as info:
-        build_plan(
-            load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), gpus, ServingShape()
-        )
+        build_plan(load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), gpus, ServingShape())
     assert info.value.hint is not None and "TENSOR_PARALLEL_SIZE=4" in info.value.hint
 
 
 def test_desktop_ram_is_the_binding_constraint() -> None:
     with pytest.raises(Infeasible, match="host memory") as info:
-        build_plan(
-            load_architecture(), read_host_facts(HOSTS / "desktop-8core-cgv1"), RTX_3090, ServingShape()
-        )
+        build_plan(load_architecture(), read_host_facts(HOSTS / "desktop-8core-cgv1"), RTX_3090, ServingShape())
     assert info.value.constraint == "host memory"
     assert info.value.hint == "needs 117.00 GiB of budget: 128 GiB of RAM (8.00 GiB stays with the system)"
 
@@ -114,9 +108,7 @@ def test_more_tensor_parallelism_than_gpus() -> None:
 def test_gpu_memory_already_in_use() -> None:
     busy = [GpuSpec(index=0, total_bytes=24 * GIB, used_bytes=3 * GIB), RTX_3090[1]]
     with pytest.raises(Infeasible, match=r"GPU 0 already has 3\.00 GiB in use"):
-        build_plan(
-            load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), busy, ServingShape()
-        )
+        build_plan(load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), busy, ServingShape())
 
 
 def _tiny_setup(tmp_path: Path) -> tuple[ModelFacts, ServingShape, list[GpuSpec]]:
@@ -162,9 +154,7 @@ def test_tiny_checkpoint_with_a_trace_learns_the_split(tmp_path: Path) -> None:
 
 def test_counts_only_pin_every_slot(tmp_path: Path) -> None:
     model, shape, gpus = _tiny_setup(tmp_path)
-    counts = synthesize_trace(
-        SyntheticTraceSpec(layers=(3, 4, 5, 6, 7), experts=8, top_k=2, steps=300)
-    ).to_counts()
+    counts = synthesize_trace(SyntheticTraceSpec(layers=(3, 4, 5, 6, 7), experts=8, top_k=2, steps=300)).to_counts()
     plan = build_plan(
         model,
         read_host_facts(HOSTS / "desktop-8core-cgv1"),

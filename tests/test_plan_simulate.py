@@ -97,9 +97,7 @@ def test_comparison_is_the_same_on_one_or_two_processes() -> None:
     trace = synthesize_trace(SyntheticTraceSpec(layers=(3, 4, 5), experts=32, top_k=4, steps=300, seed=2))
     one = compare_policies(trace, (0.25, 0.5), workers=1)
     two = compare_policies(trace, (0.25, 0.5), workers=2)
-    assert [[r.hits for r in b.results] for b in one.budgets] == [
-        [r.hits for r in b.results] for b in two.budgets
-    ]
+    assert [[r.hits for r in b.results] for b in one.budgets] == [[r.hits for r in b.results] for b in two.budgets]
     for budget in one.budgets:
         hits = {r.policy: r.hits for r in budget.results}
         assert hits["d"] >= hits["c"]

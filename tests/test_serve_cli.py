@@ -18,9 +18,7 @@ from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_
 from tests.support.cli import run_glm53
 from tests.support.server import free_port
 
-RECIPE = json.loads(
-    (Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text()
-)
+RECIPE = json.loads((Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text())
 
 
 @pytest.fixture(autouse=True)
@@ -29,9 +27,7 @@ def never_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     import glm53.serve.exec
 
     def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError(
-            "serve reached exec in a test that expected it to stop before"
-        )
+        raise AssertionError("serve reached exec in a test that expected it to stop before")
 
     monkeypatch.setattr(glm53.serve.exec, "exec_launch", refuse)
 
@@ -49,9 +45,7 @@ def test_importing_the_cli_imports_neither_torch_nor_vllm() -> None:
         "import sys, glm53.cli.main; heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'vllm', 'transformers', 'tokenizers', 'pynvml')); print(heavy)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
@@ -103,10 +97,7 @@ def test_dry_run_json_reproduces_the_recipe_launch() -> None:
     data = result.json()
     argv = data["launch"]["argv"]
     serve_at = argv.index("serve")
-    expected = [
-        "--kv-cache-memory-bytes" if a == "--kv-cache-memory" else a
-        for a in RECIPE["launch"][2:]
-    ]
+    expected = ["--kv-cache-memory-bytes" if a == "--kv-cache-memory" else a for a in RECIPE["launch"][2:]]
     assert argv[serve_at + 1 :] == expected
     assert data["values"]["CHAT_TEMPLATE"] == {
         "value": "/opt/glm53/configs/chat-template-bounded.jinja",
@@ -131,9 +122,7 @@ def test_dry_run_human_output_shows_command_env_and_origins(
         "8123",
     )
     assert result.code == 0, result.stderr
-    assert (
-        "VLLM_CPU_KVCACHE_SPACE=1" in result.stdout and "cpu-tiny.env:" in result.stdout
-    )
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in result.stdout and "cpu-tiny.env:" in result.stdout
     assert "--max-num-seqs 2" in result.stdout and "environment" in result.stdout
     assert "--port 8123" in result.stdout
 
@@ -265,27 +254,16 @@ def test_flags_are_checked_by_vllms_own_parser() -> None:
     argv = [
         "vllm",
         "serve",
-        *[
-            ("--kv-cache-memory-bytes" if a == "--kv-cache-memory" else a)
-            for a in RECIPE["launch"][2:]
-        ],
+        *[("--kv-cache-memory-bytes" if a == "--kv-cache-memory" else a) for a in RECIPE["launch"][2:]],
     ]
     check = check_flags(argv, use_cache=False)
-    assert (
-        check.checked
-        and check.vllm_version is not None
-        and "0.32" in check.vllm_version
-    )
+    assert check.checked and check.vllm_version is not None and "0.32" in check.vllm_version
     # The recipe's own spelling is rejected by name, with vLLM 0.32's spelling suggested.
     with pytest.raises(BadInput) as err:
         check_flags(["vllm", "serve", *RECIPE["launch"][2:]], use_cache=False)
-    assert "--kv-cache-memory" in err.value.message and "--kv-cache-memory-bytes" in (
-        err.value.hint or ""
-    )
+    assert "--kv-cache-memory" in err.value.message and "--kv-cache-memory-bytes" in (err.value.hint or "")
     with pytest.raises(BadInput, match="offload-backend"):
-        check_flags(
-            ["vllm", "serve", "/m", "--offload-backend", "pinned"], use_cache=False
-        )
+        check_flags(["vllm", "serve", "/m", "--offload-backend", "pinned"], use_cache=False)
     with pytest.raises(BadInput, match="max-model-len"):
         check_flags(["vllm", "serve", "/m", "--max-model-len", "lots"], use_cache=False)
 

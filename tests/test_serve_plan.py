@@ -73,8 +73,14 @@ def test_dry_run_json_is_exactly_what_exec_receives(
 ) -> None:
     model = write_tiny_glm53_checkpoint(tmp_path / "model")
     # The tiny checkpoint has 4,096 positions.
-    req = ServeRequest(profile="agent-256k", model_dir=model, root=THREADRIPPER, set_values=["MAX_MODEL_LEN=4096"],
-                       skip_preflight=True, skip_flag_check=True)
+    req = ServeRequest(
+        profile="agent-256k",
+        model_dir=model,
+        root=THREADRIPPER,
+        set_values=["MAX_MODEL_LEN=4096"],
+        skip_preflight=True,
+        skip_flag_check=True,
+    )
     Output(json_mode=True).result(start.dry_run(req, Output(json_mode=True)), lambda console: None)
     shown = json.loads(capsys.readouterr().out)
 

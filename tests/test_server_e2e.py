@@ -40,9 +40,7 @@ def _chat(server: VllmServer, **body: object) -> dict[str, object]:
         "max_tokens": 16,
         "temperature": 0,
     } | body
-    response = httpx.post(
-        f"{server.base_url}/v1/chat/completions", json=payload, timeout=120
-    )
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=120)
     assert response.status_code == 200, response.text
     data: dict[str, object] = response.json()
     return data
@@ -57,9 +55,7 @@ def test_health_and_models(vllm_server: VllmServer) -> None:
     models = httpx.get(f"{vllm_server.base_url}/v1/models", timeout=10).json()
     ids = [m["id"] for m in models["data"]]
     assert ids == [vllm_server.model_name]
-    assert (
-        models["data"][0]["max_model_len"] == 4096
-    )  # cpu-tiny's MAX_MODEL_LEN reached vLLM
+    assert models["data"][0]["max_model_len"] == 4096  # cpu-tiny's MAX_MODEL_LEN reached vLLM
     assert models["data"][0]["root"] == str(vllm_server.model_dir.resolve())
 
 
@@ -97,9 +93,7 @@ def test_streaming_completion_with_usage(vllm_server: VllmServer) -> None:
         "skip_special_tokens": False,
     }
     chunks: list[dict[str, object]] = []
-    with httpx.stream(
-        "POST", f"{vllm_server.base_url}/v1/completions", json=payload, timeout=120
-    ) as response:
+    with httpx.stream("POST", f"{vllm_server.base_url}/v1/completions", json=payload, timeout=120) as response:
         assert response.status_code == 200
         done = False
         for line in response.iter_lines():
@@ -129,9 +123,7 @@ def test_streaming_chat(vllm_server: VllmServer) -> None:
         "stream": True,
     }
     deltas = 0
-    with httpx.stream(
-        "POST", f"{vllm_server.base_url}/v1/chat/completions", json=payload, timeout=120
-    ) as resp:
+    with httpx.stream("POST", f"{vllm_server.base_url}/v1/chat/completions", json=payload, timeout=120) as resp:
         assert resp.status_code == 200
         for line in resp.iter_lines():
             if line.startswith("data: {"):
@@ -181,9 +173,7 @@ def test_server_ready_time_is_recorded(vllm_server: VllmServer) -> None:
     assert 0 < vllm_server.ready_seconds < 600
 
 
-def test_demo_serves_and_ctrl_c_stops_it_cleanly(
-    vllm_server: VllmServer, tmp_path: Path
-) -> None:
+def test_demo_serves_and_ctrl_c_stops_it_cleanly(vllm_server: VllmServer, tmp_path: Path) -> None:
     # `glm53 demo` on the fixture's (already built and locked) model: verified again, served through
     # `serve --profile cpu-tiny`, then Ctrl-C (SIGINT to the foreground process group) stops everything.
     env = dict(os.environ)
@@ -200,17 +190,12 @@ def test_demo_serves_and_ctrl_c_stops_it_cleanly(
         str(port),
     ]
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and process.poll() is None:
             try:
-                if (
-                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code
-                    == 200
-                ):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)

@@ -94,8 +94,9 @@ class FakeHub:
 
     def gets(self, path_suffix: str) -> list[Request]:
         """The GETs of resolve URLs ending with `path_suffix`, in arrival order."""
-        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path
-                and r.path.endswith(path_suffix)]
+        return [
+            r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.path.endswith(path_suffix)
+        ]
 
     def _resolve_revision(self, repo: str, rev: str) -> str | None:
         commits = self.repos.get(repo, {})
@@ -119,8 +120,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # --- helpers -----------------------------------------------------------------------------------
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         for key, value in (headers or {}).items():
@@ -138,10 +144,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(value).encode(), headers)
 
     def _repo_and_rest(self, path: str, prefix: str) -> tuple[str, str] | None:
-        rest = path[len(prefix):]
+        rest = path[len(prefix) :]
         for repo in self.hub.repos:
             if rest == repo or rest.startswith(repo + "/"):
-                return repo, rest[len(repo):].lstrip("/")
+                return repo, rest[len(repo) :].lstrip("/")
         return None
 
     # --- routes --------------------------------------------------------------------------------------
@@ -169,12 +175,12 @@ class _Handler(BaseHTTPRequestHandler):
         if found is None or not found[1].startswith("resolve/"):
             return self._error(404, "RepoNotFound", "Repository not found")
         repo, rest = found
-        rev, _, file_path = rest[len("resolve/"):].partition("/")
+        rev, _, file_path = rest[len("resolve/") :].partition("/")
         return self._resolve(repo, rev, file_path)
 
     def _api(self, repo: str, rest: str, query: dict[str, list[str]]) -> None:
         if rest == "" or rest.startswith("revision/"):
-            rev = rest[len("revision/"):] if rest else "main"
+            rev = rest[len("revision/") :] if rest else "main"
             commit = self.hub._resolve_revision(repo, rev)
             if commit is None:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
@@ -188,8 +194,19 @@ class _Handler(BaseHTTPRequestHandler):
                     if f.lfs:
                         sibling["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": 134}
                 siblings.append(sibling)
-            return self._json({"_id": repo, "id": repo, "modelId": repo, "sha": commit, "private": False,
-                               "siblings": siblings, "tags": [], "downloads": 0, "likes": 0})
+            return self._json(
+                {
+                    "_id": repo,
+                    "id": repo,
+                    "modelId": repo,
+                    "sha": commit,
+                    "private": False,
+                    "siblings": siblings,
+                    "tags": [],
+                    "downloads": 0,
+                    "likes": 0,
+                }
+            )
         kind, _, tail = rest.partition("/")
         rev, _, sub = tail.partition("/")
         commit = self.hub._resolve_revision(repo, rev)
@@ -204,7 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
             for f in files.values():
                 if not f.path.startswith(prefix):
                     continue
-                inner = f.path[len(prefix):]
+                inner = f.path[len(prefix) :]
                 if "/" in inner and not recursive:
                     folders.add(prefix + inner.split("/", 1)[0])
                     continue

@@ -25,9 +25,7 @@ STOP_TIMEOUT_S = 60.0
 def glm53_executable() -> list[str]:
     """The installed console script next to this Python (the real entry point), else `python -m`."""
     script = Path(sys.executable).with_name("glm53")
-    return (
-        [str(script)] if script.is_file() else [sys.executable, "-m", "glm53.cli.main"]
-    )
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "glm53.cli.main"]
 
 
 def free_port() -> int:
@@ -66,9 +64,7 @@ class VllmServer:
 
     def log_tail(self, lines: int = 40) -> str:
         try:
-            return "\n".join(
-                self.log_path.read_text(errors="replace").splitlines()[-lines:]
-            )
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
 
@@ -85,9 +81,7 @@ class VllmServer:
             time.sleep(0.2)
         self.stop_seconds = time.monotonic() - started
         self.leftover = group_members(pgid)
-        for pid in (
-            self.leftover
-        ):  # never leave a stray engine behind, even when the check fails
+        for pid in self.leftover:  # never leave a stray engine behind, even when the check fails
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if self.process.poll() is None:
@@ -106,9 +100,7 @@ def build_tiny_model(model_dir: Path, env: dict[str, str]) -> None:
         timeout=600,
     )
     if result.returncode != 0:
-        raise RuntimeError(
-            f"glm53 demo --prepare-only failed ({result.returncode}):\n{result.stderr[-4000:]}"
-        )
+        raise RuntimeError(f"glm53 demo --prepare-only failed ({result.returncode}):\n{result.stderr[-4000:]}")
 
 
 def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer:
@@ -155,10 +147,7 @@ def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer
     while True:
         if process.poll() is not None:
             server.stop()
-            raise RuntimeError(
-                f"the server exited with {process.returncode} before it was ready:\n"
-                f"{server.log_tail()}"
-            )
+            raise RuntimeError(f"the server exited with {process.returncode} before it was ready:\n{server.log_tail()}")
         try:
             if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
                 break
@@ -166,9 +155,7 @@ def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer
             pass
         if time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(
-                f"the server was not ready after {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}"
-            )
+            raise RuntimeError(f"the server was not ready after {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
         time.sleep(0.5)
     server.ready_seconds = time.monotonic() - started
     return server

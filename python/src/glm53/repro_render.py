@@ -16,14 +16,19 @@ def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Conso
     table.add_column("value")
     table.add_row("checkpoint", f"{lock.checkpoint.repo}@{lock.checkpoint.revision} ({lock.checkpoint.branch})")
     table.add_row("vLLM", f"{lock.engine.vllm.version} rev {lock.engine.vllm.rev or 'unpinned'}")
-    table.add_row("GLM-5.3 overlay", f"{lock.engine.glm53_overlay.short_rev} rev "
-                  f"{lock.engine.glm53_overlay.rev or 'unpinned'}")
+    table.add_row(
+        "GLM-5.3 overlay", f"{lock.engine.glm53_overlay.short_rev} rev {lock.engine.glm53_overlay.rev or 'unpinned'}"
+    )
     table.add_row("ExLlamaV3", f"{lock.engine.exllamav3.version} = {lock.engine.exllamav3.rev}")
-    table.add_row("CUDA", f"{lock.engine.cuda.version}, driver >= {lock.engine.cuda.driver_min}, "
-                  f"sm {','.join(lock.engine.cuda.capabilities)}")
+    table.add_row(
+        "CUDA",
+        f"{lock.engine.cuda.version}, driver >= {lock.engine.cuda.driver_min}, "
+        f"sm {','.join(lock.engine.cuda.capabilities)}",
+    )
     table.add_row("nixpkgs", f"{lock.nix.nixpkgs.ref} {lock.nix.nixpkgs.rev}")
-    table.add_row("hardware", f"{lock.hardware.gpu_count}x {lock.hardware.gpu}, "
-                  f"{lock.hardware.system_memory_gib} GiB RAM")
+    table.add_row(
+        "hardware", f"{lock.hardware.gpu_count}x {lock.hardware.gpu}, {lock.hardware.system_memory_gib} GiB RAM"
+    )
     console.print(table)
     if lock.unpinned():
         console.print("[yellow]unpinned:[/yellow] " + ", ".join(lock.unpinned()))
@@ -45,5 +50,6 @@ def render_build_audit(result: BuildAudit, console: Console) -> None:
     for path in result.out_paths:
         table.add_row(path, result.nar_hashes.get(path, ""))
     console.print(table)
-    console.print(("[green]reproducible[/green]: " if result.reproducible else "[red]NOT reproducible[/red]: ")
-                  + result.detail)
+    console.print(
+        ("[green]reproducible[/green]: " if result.reproducible else "[red]NOT reproducible[/red]: ") + result.detail
+    )

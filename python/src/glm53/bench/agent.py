@@ -265,18 +265,14 @@ def summarize(
         turns=turns,
         metrics=total,
         prefix_cache_hit_pct=rate * 100.0 if rate is not None else None,
-        median_turn_latency_s=statistics.median([t.latency_s for t in ok if t.latency_s is not None])
-        if ok
-        else None,
+        median_turn_latency_s=statistics.median([t.latency_s for t in ok if t.latency_s is not None]) if ok else None,
         median_tool_call_turn_latency_s=statistics.median(tool_turns) if tool_turns else None,
         mean_decode_tok_s=statistics.fmean(decodes) if decodes else None,
         model_tool_calls=sum(1 for t in turns if t.model_tool_call),
     )
 
 
-def _turn_record(
-    task: str, number: int, step: Step, outcome: StreamOutcome, delta: MetricsDelta | None
-) -> TurnRecord:
+def _turn_record(task: str, number: int, step: Step, outcome: StreamOutcome, delta: MetricsDelta | None) -> TurnRecord:
     usage = outcome.usage
     decode = decode_rate(outcome)
     error = outcome.error or (None if usage else "no usage in the stream")
@@ -310,9 +306,7 @@ def _feed_back(task: str, number: int, step: Step, outcome: StreamOutcome) -> li
         {
             "role": "assistant",
             "content": content,
-            "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            ],
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
         },
         {"role": "tool", "tool_call_id": call_id, "content": step.result},
     ]
@@ -336,9 +330,7 @@ AGENT_FAIL_OVER = {"turn-latency": "median tool-call turn latency, in seconds"}
 def agent_gates(section: AgentSection, under: dict[str, float], over: dict[str, float]) -> list[GateResult]:
     gates: list[GateResult] = []
     if "cache-hit" in under:
-        gates += minimum_gates(
-            "cache-hit", under["cache-hit"], [("session", section.prefix_cache_hit_pct)], "%"
-        )
+        gates += minimum_gates("cache-hit", under["cache-hit"], [("session", section.prefix_cache_hit_pct)], "%")
     if "decode" in under:
         gates += minimum_gates("decode", under["decode"], [("turns", section.mean_decode_tok_s)], "tok/s")
     if "turn-latency" in over:

@@ -40,18 +40,14 @@ class BenchClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise BadInput(
-                f"--base-url {base_url!r} is not an http(s) URL", hint="e.g. http://127.0.0.1:8000"
-            )
+            raise BadInput(f"--base-url {base_url!r} is not an http(s) URL", hint="e.g. http://127.0.0.1:8000")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # The read timeout bounds the silence between two chunks; a 260K prompt's prefill can be
         # several minutes of silence, hence the long default.
         timeout = httpx.Timeout(connect=10.0, read=timeout_s, write=120.0, pool=30.0)
-        self._http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, headers=headers, transport=transport
-        )
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, transport=transport)
 
     def __enter__(self) -> BenchClient:
         return self
@@ -68,9 +64,7 @@ class BenchClient:
         models = self._get_json("/v1/models")
         entries = models.get("data") if isinstance(models, dict) else None
         if not isinstance(entries, list) or not entries:
-            raise CheckFailed(
-                f"{self.base_url}/v1/models lists no model", hint="is the server still loading?"
-            )
+            raise CheckFailed(f"{self.base_url}/v1/models lists no model", hint="is the server still loading?")
         chosen = next((m for m in entries if isinstance(m, dict) and m.get("id") == model), None)
         if model is not None and chosen is None:
             names = ", ".join(str(m.get("id")) for m in entries if isinstance(m, dict))

@@ -81,9 +81,7 @@ def _judge_arithmetic(answer: str, _: list[ToolCallSeen]) -> str | None:
 def _judge_weather(_: str, calls: list[ToolCallSeen]) -> str | None:
     weather = [call for call in calls if call.name == "get_weather"]
     if not weather:
-        return "no get_weather tool call" + (
-            f" (called: {', '.join(c.name for c in calls)})" if calls else ""
-        )
+        return "no get_weather tool call" + (f" (called: {', '.join(c.name for c in calls)})" if calls else "")
     for call in weather:
         try:
             arguments = json.loads(call.arguments or "{}")
@@ -110,8 +108,7 @@ PROBES: tuple[_Probe, ...] = (
     ),
     _Probe(
         "code-no-thinking",
-        "Write a Python function is_prime(n) that returns True when n is a prime number. "
-        "Reply with the code only.",
+        "Write a Python function is_prime(n) that returns True when n is a prime number. Reply with the code only.",
         False,
         False,
         _judge_code,
@@ -151,9 +148,7 @@ def _ask(client: JsonPoster, model: str, probe: _Probe, max_tokens: int) -> Cohe
     _, payload, error = client.post_json("/v1/chat/completions", body)
     latency = time.perf_counter() - started
     if error is not None:
-        return CoherenceResult(
-            name=probe.name, prompt=probe.prompt, passed=False, reason=error, latency_s=latency
-        )
+        return CoherenceResult(name=probe.name, prompt=probe.prompt, passed=False, reason=error, latency_s=latency)
     message, finish, completion_tokens = _message(payload)
     answer = str(message.get("content") or "")
     reasoning = str(message.get("reasoning") or message.get("reasoning_content") or "")

@@ -89,9 +89,7 @@ def _best_points(summary: Summary) -> dict[tuple[int, int], dict[str, float | No
     if summary.run is None:
         return {}
     return {
-        (shape.prompt_tokens, shape.output_tokens): {
-            metric: getattr(shape.best, metric) for metric in METRICS
-        }
+        (shape.prompt_tokens, shape.output_tokens): {metric: getattr(shape.best, metric) for metric in METRICS}
         for shape in summary.run.shapes
     }
 
@@ -152,9 +150,7 @@ def _agent_rows(a: RecipeAgent | AgentSection | None, b: AgentSection | None) ->
     ]
 
 
-def compare_to_recipe(
-    summary: Summary, *, profile: str | None = None, label: str = "this host"
-) -> Comparison:
+def compare_to_recipe(summary: Summary, *, profile: str | None = None, label: str = "this host") -> Comparison:
     recipe = recipe_performance()
     profile = profile or recipe.default_profile
     if profile not in recipe.profiles:
@@ -168,9 +164,7 @@ def compare_to_recipe(
         key = (point.context_len, point.output_tokens)
         for metric in METRICS:
             rows.append(
-                _row(
-                    "run", f"{key[0]}:{key[1]}", metric, getattr(point, metric), mine.get(key, {}).get(metric)
-                )
+                _row("run", f"{key[0]}:{key[1]}", metric, getattr(point, metric), mine.get(key, {}).get(metric))
             )
     for key in sorted(set(mine) - {(p.context_len, p.output_tokens) for p in recipe.profiles[profile]}):
         for metric in METRICS:

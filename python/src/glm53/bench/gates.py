@@ -24,9 +24,7 @@ class GateResult(BaseModel):
     detail: str
 
 
-def parse_thresholds(
-    spec: str | None, allowed: Mapping[str, str], *, flag: str = "--fail-under"
-) -> dict[str, float]:
+def parse_thresholds(spec: str | None, allowed: Mapping[str, str], *, flag: str = "--fail-under") -> dict[str, float]:
     """`decode=45,prefill=1000` -> {"decode": 45.0, ...}; keys must be in `allowed` (key -> meaning)."""
     if not spec:
         return {}
@@ -45,9 +43,7 @@ def parse_thresholds(
             raise BadInput(f"{flag}: {key}={raw!r} is not a number", hint=f"e.g. {flag} {key}=45") from exc
         # float() accepts "nan" and "inf": a gate against them could never pass (or never fail).
         if not math.isfinite(value):
-            raise BadInput(
-                f"{flag}: {key}={raw.strip()!r} is not a finite number", hint=f"e.g. {flag} {key}=45"
-            )
+            raise BadInput(f"{flag}: {key}={raw.strip()!r} is not a finite number", hint=f"e.g. {flag} {key}=45")
         thresholds[key] = value
     return thresholds
 
@@ -104,9 +100,7 @@ def maximum_gates(
             else f"{value:.4g} {unit} {'is within' if passed else 'exceeds'} the maximum {threshold:g} {unit}"
         )
         results.append(
-            GateResult(
-                name=name, subject=subject, threshold=threshold, value=value, passed=passed, detail=detail
-            )
+            GateResult(name=name, subject=subject, threshold=threshold, value=value, passed=passed, detail=detail)
         )
     return results
 

@@ -20,9 +20,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:
-        raise Unavailable(
-            "matplotlib is not installed", hint="pip install 'glm53[plots]', or pass --no-plots"
-        ) from exc
+        raise Unavailable("matplotlib is not installed", hint="pip install 'glm53[plots]', or pass --no-plots") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -310,6 +310,7 @@ def _repro_lock_sha256() -> str | None:
 
 def git_state(start: Path) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the checkout holding `start`; (None, None) outside a git checkout."""
+
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(

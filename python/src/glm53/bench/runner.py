@@ -43,9 +43,7 @@ def parse_shapes(spec: str, *, flag: str = "--shapes") -> list[Shape]:
         try:
             if not sep:
                 raise ValueError
-            shape = Shape(
-                prompt_tokens=int(prompt.replace("_", "")), output_tokens=int(output.replace("_", ""))
-            )
+            shape = Shape(prompt_tokens=int(prompt.replace("_", "")), output_tokens=int(output.replace("_", "")))
         except ValueError as exc:
             raise BadInput(
                 f"{flag}: {item!r} is not PROMPT:OUTPUT with PROMPT >= 1 and OUTPUT >= 2",
@@ -134,8 +132,7 @@ def judge_run(outcome: StreamOutcome, shape: Shape) -> tuple[bool, str | None]:
         )
     if outcome.usage.completion_tokens != shape.output_tokens:
         return False, (
-            f"usage reports {outcome.usage.completion_tokens} completion tokens, "
-            f"{shape.output_tokens} were requested"
+            f"usage reports {outcome.usage.completion_tokens} completion tokens, {shape.output_tokens} were requested"
         )
     if not outcome.finish_reasons or any(reason != "length" for reason in outcome.finish_reasons):
         return False, f"finish reasons {outcome.finish_reasons}, expected 'length' for every choice"
@@ -254,17 +251,13 @@ def run_gates(run: RunSection, under: dict[str, float], over: dict[str, float]) 
     """Each threshold checked against each shape's best; a shape without a valid run fails it."""
     gates: list[GateResult] = []
     if "decode" in under:
-        gates += minimum_gates(
-            "decode", under["decode"], [(s.shape, s.best.decode_tok_s) for s in run.shapes], "tok/s"
-        )
+        gates += minimum_gates("decode", under["decode"], [(s.shape, s.best.decode_tok_s) for s in run.shapes], "tok/s")
     if "prefill" in under:
         gates += minimum_gates(
             "prefill", under["prefill"], [(s.shape, s.best.prefill_tok_s) for s in run.shapes], "tok/s"
         )
     if "ttft" in over:
-        values = [
-            (s.shape, s.best.ttft_ms / 1000.0 if s.best.ttft_ms is not None else None) for s in run.shapes
-        ]
+        values = [(s.shape, s.best.ttft_ms / 1000.0 if s.best.ttft_ms is not None else None) for s in run.shapes]
         gates += maximum_gates("ttft", over["ttft"], values, "s")
     return gates
 

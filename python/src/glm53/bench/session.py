@@ -56,9 +56,7 @@ def measuring(target: Target) -> Iterator[Session]:
 
 def _connect(target: Target) -> tuple[BenchClient, ServerInfo]:
     if not math.isfinite(target.timeout_s):
-        raise BadInput(
-            f"--timeout {target.timeout_s}: not a finite number of seconds", hint="e.g. --timeout 1800"
-        )
+        raise BadInput(f"--timeout {target.timeout_s}: not a finite number of seconds", hint="e.g. --timeout 1800")
     client = BenchClient(target.base_url, timeout_s=target.timeout_s, api_key=target.api_key)
     try:
         return client, client.server_info(target.model)
@@ -84,9 +82,7 @@ def _environment(server: ServerInfo, target: Target) -> Environment:
 def gated_payload(payload: dict[str, Any], gates: list[GateResult]) -> dict[str, Any]:
     """A command's `--json` result: its payload and the gates evaluated. As in summary.json, a NaN or an
     infinity becomes null, since JSON has neither."""
-    cleaned: dict[str, Any] = finite_or_none(
-        {**payload, "gates": [gate.model_dump(mode="json") for gate in gates]}
-    )
+    cleaned: dict[str, Any] = finite_or_none({**payload, "gates": [gate.model_dump(mode="json") for gate in gates]})
     return cleaned
 
 

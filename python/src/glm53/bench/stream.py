@@ -31,9 +31,7 @@ class StreamOutcome(BaseModel):
     """What one streamed request produced; times are seconds from the request's start."""
 
     http_status: int | None = None
-    error: str | None = Field(
-        None, description="transport or protocol failure; None when the stream was clean"
-    )
+    error: str | None = Field(None, description="transport or protocol failure; None when the stream was clean")
     ttft_s: float | None = Field(None, description="request start -> first event carrying tokens")
     end_s: float | None = Field(None, description="request start -> end of the stream")
     token_events: int = 0

@@ -136,11 +136,7 @@ class StatCache:
             raw = json.loads(self.path.read_bytes())
         except (OSError, ValueError):
             return  # no cache, or an unreadable one: it is only a cache, start afresh
-        if (
-            isinstance(raw, dict)
-            and raw.get("version") == CACHE_VERSION
-            and isinstance(raw.get("entries"), dict)
-        ):
+        if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION and isinstance(raw.get("entries"), dict):
             self._entries = {k: v for k, v in raw["entries"].items() if _valid_entry(v)}
 
     @staticmethod

@@ -148,14 +148,10 @@ def _load_index(model_dir: Path) -> tuple[Path, dict[str, Any], dict[str, str]]:
 
 
 def _single_file(model_dir: Path) -> bool:
-    return not (model_dir / INDEX_NAME).exists() and [p.name for p in model_dir.glob("*.safetensors")] == [
-        SINGLE_FILE
-    ]
+    return not (model_dir / INDEX_NAME).exists() and [p.name for p in model_dir.glob("*.safetensors")] == [SINGLE_FILE]
 
 
-def _read_headers(
-    model_dir: Path, weight_map: dict[str, str]
-) -> tuple[dict[str, SafetensorsHeader], set[str]]:
+def _read_headers(model_dir: Path, weight_map: dict[str, str]) -> tuple[dict[str, SafetensorsHeader], set[str]]:
     """Headers of every top-level *.safetensors (what loaders glob) and of every file the index names."""
     names = {p.name for p in model_dir.glob("*.safetensors")} | set(weight_map.values())
     headers: dict[str, SafetensorsHeader] = {}
@@ -189,9 +185,7 @@ def check_index(model_dir: Path) -> IndexCheck:
         index_path, raw, weight_map = _load_index(model_dir)
     headers, missing = _read_headers(model_dir, weight_map)
     config = read_checkpoint_config(model_dir)
-    return _compare(
-        model_dir, index_path, raw, weight_map, headers, missing, config, detect_model_spec(config)
-    )
+    return _compare(model_dir, index_path, raw, weight_map, headers, missing, config, detect_model_spec(config))
 
 
 def _compare(
@@ -227,9 +221,7 @@ def _compare(
         headers[file].tensors[tensor].nbytes
         for tensor, file in weight_map.items()
         if file in headers and tensor in headers[file].tensors
-    ) + sum(
-        headers[f].tensors[t].nbytes for f, names in unindexed.items() for t in names if len(owners[t]) == 1
-    )
+    ) + sum(headers[f].tensors[t].nbytes for f, names in unindexed.items() for t in names if len(owners[t]) == 1)
 
     files = [
         FileCoverage(
@@ -266,9 +258,7 @@ def _spec_findings(
     """Problems (refuse to install) and notes (informational) from the model spec's rules."""
     problems: list[str] = []
     notes: list[str] = []
-    layers = (
-        config.num_hidden_layers if config and config.num_hidden_layers else spec.full_scale.num_hidden_layers
-    )
+    layers = config.num_hidden_layers if config and config.num_hidden_layers else spec.full_scale.num_hidden_layers
     dsa = spec.dsa_layers.layers(layers)
     if config and config.layer_types is not None:
         declared = [n for n, kind in enumerate(config.layer_types) if kind == "dsa"]
@@ -289,8 +279,7 @@ def _spec_findings(
             problems.append(f"{spec.kpool.file} lacks {len(lacking)} kpool tensors, e.g. {lacking[:SAMPLE]}")
         if surplus:
             problems.append(
-                f"{spec.kpool.file} holds {len(surplus)} tensors the spec does not expect, "
-                f"e.g. {surplus[:SAMPLE]}"
+                f"{spec.kpool.file} holds {len(surplus)} tensors the spec does not expect, e.g. {surplus[:SAMPLE]}"
             )
         wrong_dtype = sorted(t for t, e in kpool.tensors.items() if e.dtype != spec.kpool.dtype)
         if wrong_dtype:
@@ -304,12 +293,10 @@ def _spec_findings(
                 want = shapes.get(name.rsplit("_", 1)[-1])
                 if want is not None and entry.shape != want:
                     problems.append(
-                        f"{spec.kpool.file}: {name} has shape {list(entry.shape)}, "
-                        f"config.json implies {list(want)}"
+                        f"{spec.kpool.file}: {name} has shape {list(entry.shape)}, config.json implies {list(want)}"
                     )
         notes.append(
-            f"{spec.kpool.file}: {len(kpool.tensors)} tensors, {kpool.tensor_bytes:,} bytes "
-            f"over DSA layers {dsa}"
+            f"{spec.kpool.file}: {len(kpool.tensors)} tensors, {kpool.tensor_bytes:,} bytes over DSA layers {dsa}"
         )
 
     mtp = headers.get(spec.mtp.file)
@@ -320,12 +307,9 @@ def _spec_findings(
         foreign = sorted(t for t in mtp.tensors if not t.startswith(mtp_prefix))
         if foreign:
             problems.append(
-                f"{spec.mtp.file} holds {len(foreign)} tensors outside MTP layer {layers}, "
-                f"e.g. {foreign[:SAMPLE]}"
+                f"{spec.mtp.file} holds {len(foreign)} tensors outside MTP layer {layers}, e.g. {foreign[:SAMPLE]}"
             )
-        notes.append(
-            f"{spec.mtp.file}: {len(mtp.tensors)} tensors of layer {layers}, {mtp.file_size:,} bytes"
-        )
+        notes.append(f"{spec.mtp.file}: {len(mtp.tensors)} tensors of layer {layers}, {mtp.file_size:,} bytes")
 
     stray = sorted(set(headers) - shards - set(spec.aux_files()))
     if stray:

@@ -189,9 +189,7 @@ def lock_from_directory(
         if rel.endswith(".safetensors"):
             header = read_safetensors_header(path)
             st_info = LockedSafetensors(tensors=len(header.tensors), header_sha256=header.header_sha256)
-        files.append(
-            LockedFile(path=rel, size=path.stat().st_size, sha256=outcome.sha256[path], safetensors=st_info)
-        )
+        files.append(LockedFile(path=rel, size=path.stat().st_size, sha256=outcome.sha256[path], safetensors=st_info))
     return CheckpointLock(
         repo=repo, revision=revision, source="local", total_size=sum(f.size for f in files), files=files
     )
@@ -215,9 +213,7 @@ def lock_from_hub(
 
         def fetch(filename: str, start: int, end: int) -> bytes:
             url = hf_hub_url(repo, filename, revision=revision, endpoint=endpoint)
-            response = session.get(
-                url, headers={**headers, "Range": f"bytes={start}-{end - 1}"}, follow_redirects=True
-            )
+            response = session.get(url, headers={**headers, "Range": f"bytes={start}-{end - 1}"}, follow_redirects=True)
             hf_raise_for_status(response)
             data: bytes = response.content
             if response.status_code == 200:  # server ignored the range
@@ -238,9 +234,7 @@ def lock_from_hub(
                 if sibling.size is None:
                     raise Glm53Error(f"the Hub gave no size for {repo}/{name}")
                 if sibling.size > MAX_INLINE_FETCH:
-                    raise Glm53Error(
-                        f"{repo}/{name} is {sibling.size} bytes and not in LFS: no hash without download"
-                    )
+                    raise Glm53Error(f"{repo}/{name} is {sibling.size} bytes and not in LFS: no hash without download")
                 size = int(sibling.size)
                 sha = hashlib.sha256(fetch(name, 0, size) if size else b"").hexdigest()
             st_info = None

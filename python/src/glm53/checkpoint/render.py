@@ -46,9 +46,7 @@ def render_verify(report: VerifyReport, console: Console) -> None:
     for m in report.size_mismatch:
         table.add_row("[red]size mismatch[/red]", m.path, f"expected {m.expected:,} bytes, found {m.actual:,}")
     for h in report.hash_mismatch:
-        table.add_row(
-            "[red]hash mismatch[/red]", h.path, f"expected {h.expected[:16]}…, found {h.actual[:16]}…"
-        )
+        table.add_row("[red]hash mismatch[/red]", h.path, f"expected {h.expected[:16]}…, found {h.actual[:16]}…")
     for path in report.changed_while_hashing:
         table.add_row("[red]changed while hashing[/red]", path, "run verify again once writes stop")
     for path in report.stray_safetensors:

@@ -85,9 +85,7 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
             if header_size > MAX_HEADER_SIZE:
                 raise _bad(path, f"header length {header_size} exceeds the {MAX_HEADER_SIZE}-byte limit")
             if 8 + header_size > file_size:
-                raise _bad(
-                    path, f"header length {header_size} runs past the end of the {file_size}-byte file"
-                )
+                raise _bad(path, f"header length {header_size} runs past the end of the {file_size}-byte file")
             raw = handle.read(header_size)
     except FileNotFoundError as exc:
         raise BadInput(f"safetensors file not found: {path}") from exc
@@ -165,9 +163,7 @@ def _tensor_entry(path: Path, name: str, value: Any, data_size: int) -> TensorEn
     if begin > end:
         raise _bad(path, f"tensor {name!r} data_offsets [{begin}, {end}) end before they begin")
     if end > data_size:
-        raise _bad(
-            path, f"tensor {name!r} bytes [{begin}, {end}) lie outside the {data_size}-byte data section"
-        )
+        raise _bad(path, f"tensor {name!r} bytes [{begin}, {end}) lie outside the {data_size}-byte data section")
     expected = DTYPE_SIZES[dtype] * math.prod(shape)
     if end - begin != expected:
         raise _bad(path, f"tensor {name!r} spans {end - begin} bytes but {dtype} x {shape} needs {expected}")

@@ -66,12 +66,8 @@ def run_cmd(
     shapes: Annotated[str, typer.Option("--shapes", help="PROMPT:OUTPUT token counts, comma-separated.")] = (
         "8192:2048,131072:2048,260096:2048"
     ),
-    runs: Annotated[
-        int, typer.Option("--runs", min=1, help="Runs per shape; the best is reported, all kept.")
-    ] = 2,
-    style: Annotated[
-        str, typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")
-    ] = "prose",
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Runs per shape; the best is reported, all kept.")] = 2,
+    style: Annotated[str, typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")] = "prose",
     model: ServedModelOpt = None,
     out_dir: ReportDirOpt = DEFAULT_OUT,
     fail_under: Annotated[
@@ -113,8 +109,13 @@ def run_cmd(
     under, over = parse_limits(fail_under, RUN_FAIL_UNDER, fail_over, RUN_FAIL_OVER)
     out = Output(json_mode=json_out)
     target = Target(
-        base_url=base_url, model=model, timeout_s=timeout, api_key=api_key,
-        serve_profile=serve_profile, env_file=env_file, out_dir=out_dir,
+        base_url=base_url,
+        model=model,
+        timeout_s=timeout,
+        api_key=api_key,
+        serve_profile=serve_profile,
+        env_file=env_file,
+        out_dir=out_dir,
     )
     with measuring(target) as session:
         check_fits(parsed, session.server.max_model_len)
@@ -180,8 +181,13 @@ def needle_cmd(
     under = parse_thresholds(fail_under, NEEDLE_FAIL_UNDER, flag="--fail-under")
     out = Output(json_mode=json_out)
     target = Target(
-        base_url=base_url, model=model, timeout_s=timeout, api_key=api_key,
-        serve_profile=serve_profile, env_file=env_file, out_dir=out_dir,
+        base_url=base_url,
+        model=model,
+        timeout_s=timeout,
+        api_key=api_key,
+        serve_profile=serve_profile,
+        env_file=env_file,
+        out_dir=out_dir,
     )
     with (
         measuring(target) as session,
@@ -204,9 +210,7 @@ def needle_cmd(
         "needle": section.model_dump(mode="json"),
         "pass_rate": section.pass_rate,
     }
-    _finish(
-        out, "needle", payload, gates, lambda console: needle_table(console, section), enforce=not report_only
-    )
+    _finish(out, "needle", payload, gates, lambda console: needle_table(console, section), enforce=not report_only)
 
 
 @bench_app.command("coherence")
@@ -235,8 +239,13 @@ def coherence_cmd(
 
     out = Output(json_mode=json_out)
     target = Target(
-        base_url=base_url, model=model, timeout_s=timeout, api_key=api_key,
-        serve_profile=serve_profile, env_file=env_file, out_dir=out_dir,
+        base_url=base_url,
+        model=model,
+        timeout_s=timeout,
+        api_key=api_key,
+        serve_profile=serve_profile,
+        env_file=env_file,
+        out_dir=out_dir,
     )
     with measuring(target) as session, out.progress("prompts", total=len(PROBES)) as bar:
         section = run_coherence(
@@ -261,9 +270,7 @@ def coherence_cmd(
 @bench_app.command("agent")
 def agent_cmd(
     base_url: BaseUrlOpt = DEFAULT_URL,
-    tasks: Annotated[
-        int, typer.Option("--tasks", min=1, help="Run the first N of the 15 scripted tasks.")
-    ] = 15,
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Run the first N of the 15 scripted tasks.")] = 15,
     system_tokens: Annotated[
         int, typer.Option("--system-tokens", min=0, help="Size of the shared system prompt, in tokens.")
     ] = 2048,
@@ -305,8 +312,13 @@ def agent_cmd(
     under, over = parse_limits(fail_under, AGENT_FAIL_UNDER, fail_over, AGENT_FAIL_OVER)
     out = Output(json_mode=json_out)
     target = Target(
-        base_url=base_url, model=model, timeout_s=timeout, api_key=api_key,
-        serve_profile=serve_profile, env_file=env_file, out_dir=out_dir,
+        base_url=base_url,
+        model=model,
+        timeout_s=timeout,
+        api_key=api_key,
+        serve_profile=serve_profile,
+        env_file=env_file,
+        out_dir=out_dir,
     )
     with measuring(target) as session:
         check_fits(system_tokens, max_tokens, session.server.max_model_len)
@@ -329,9 +341,7 @@ def agent_cmd(
 
 @bench_app.command("compare")
 def compare_cmd(
-    a: Annotated[
-        Path, typer.Argument(help="Baseline report (summary.json or its directory).", show_default=False)
-    ],
+    a: Annotated[Path, typer.Argument(help="Baseline report (summary.json or its directory).", show_default=False)],
     b: Annotated[
         Path | None,
         typer.Argument(

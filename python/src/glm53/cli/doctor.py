@@ -21,9 +21,7 @@ def doctor_cmd(
     port: PortOpt = DEFAULT_PORT,
     root: Annotated[
         Path,
-        typer.Option(
-            "--root", help="Read /proc, /sys and /dev/shm under this root (a container's or a saved tree)."
-        ),
+        typer.Option("--root", help="Read /proc, /sys and /dev/shm under this root (a container's or a saved tree)."),
     ] = Path("/"),
     json_out: JsonOpt = False,
 ) -> None:

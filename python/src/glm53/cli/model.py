@@ -31,9 +31,7 @@ def lock_cmd(
     ] = None,
     revision: Annotated[
         str | None,
-        typer.Option(
-            "--revision", help="Full 40-hex commit: required with --from-hub, recorded in a local lock."
-        ),
+        typer.Option("--revision", help="Full 40-hex commit: required with --from-hub, recorded in a local lock."),
     ] = None,
     out_path: Annotated[
         Path | None,
@@ -140,8 +138,10 @@ def verify_cmd(
         report = verify_checkpoint(model_dir, lock_path, jobs=jobs, use_cache=not no_cache, progress=progress)
     out.result(report, lambda console: render_verify(report, console))
     if not report.ok:
-        raise CheckFailed(f"{model_dir} does not match its lock: {report.summary}",
-                          hint="download the listed files again (glm53 model download), or re-lock deliberately")
+        raise CheckFailed(
+            f"{model_dir} does not match its lock: {report.summary}",
+            hint="download the listed files again (glm53 model download), or re-lock deliberately",
+        )
 
 
 @model_app.command("install")
@@ -161,11 +161,11 @@ def install_cmd(
     result = install(model_dir, check_only=check)
     out.result(install_json(result), lambda console: render_install(result, console))
     if check and not result.before.ok:
-        raise CheckFailed(f"the index of {model_dir} needs the repair: {result.message}",
-                          hint=f"glm53 model install --model-dir {model_dir}")
+        raise CheckFailed(
+            f"the index of {model_dir} needs the repair: {result.message}",
+            hint=f"glm53 model install --model-dir {model_dir}",
+        )
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(
-        model_app, name="model", help="Lock, download, verify and install (index repair) a checkpoint."
-    )
+    app.add_typer(model_app, name="model", help="Lock, download, verify and install (index repair) a checkpoint.")

@@ -26,15 +26,9 @@ RequiredModelDirOpt = Annotated[
 ]
 JobsOpt = Annotated[int | None, typer.Option("--jobs", min=1, help="Files hashed at once (default: CPUs).")]
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Hash every file, ignoring the stat cache.")]
-ReproLockOpt = Annotated[
-    Path | None, typer.Option("--lock", help="repro.lock.json to use (default: found).")
-]
-ProfileOpt = Annotated[
-    str, typer.Option("--profile", "-p", help=f"Serving profile: {', '.join(PROFILE_NAMES)}.")
-]
-HostOpt = Annotated[
-    str, typer.Option("--host", help="Address to listen on (not loopback: add --listen-all).")
-]
+ReproLockOpt = Annotated[Path | None, typer.Option("--lock", help="repro.lock.json to use (default: found).")]
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help=f"Serving profile: {', '.join(PROFILE_NAMES)}.")]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (not loopback: add --listen-all).")]
 PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on.")]
 ListenAllOpt = Annotated[bool, typer.Option("--listen-all", help="Allow a --host other than loopback.")]
 SetOpt = Annotated[
@@ -47,9 +41,7 @@ EnvFileOpt = Annotated[
 ]
 ApiKeyFileOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--api-key-file", help="File holding the API key; passed to vLLM as VLLM_API_KEY, never in argv."
-    ),
+    typer.Option("--api-key-file", help="File holding the API key; passed to vLLM as VLLM_API_KEY, never in argv."),
 ]
 PlanEnvOpt = Annotated[
     Path | None,
@@ -84,15 +76,11 @@ ApiKeyOpt = Annotated[
 ]
 ServeProfileOpt = Annotated[
     str | None,
-    typer.Option(
-        "--serve-profile", help="Record this serving profile's resolved settings as the plan in force."
-    ),
+    typer.Option("--serve-profile", help="Record this serving profile's resolved settings as the plan in force."),
 ]
 # The same --env-file as serve's, seen from the benchmark: it is recorded, not applied.
 ServedEnvFileOpt = Annotated[
     Path | None,
     typer.Option("--env-file", help="The .env file the server was started with (recorded in the plan)."),
 ]
-ReportOnlyOpt = Annotated[
-    bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")
-]
+ReportOnlyOpt = Annotated[bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")]

@@ -25,16 +25,10 @@ plan_app.add_typer(trace_app)
 def plan(
     ctx: typer.Context,
     model_dir: ModelDirOpt = None,
-    stats: Annotated[
-        Path | None, typer.Option("--stats", help="Routing trace (JSONL) or counts (JSON).")
-    ] = None,
-    gpu_memory: Annotated[
-        str | None, typer.Option("--gpu-memory", help="Memory of each GPU: 24GiB,24GiB.")
-    ] = None,
+    stats: Annotated[Path | None, typer.Option("--stats", help="Routing trace (JSONL) or counts (JSON).")] = None,
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Memory of each GPU: 24GiB,24GiB.")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="Number of GPUs (with --gpu).")] = None,
-    gpu: Annotated[
-        str | None, typer.Option("--gpu", help="Memory of each of --gpus GPUs, e.g. 24GiB.")
-    ] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Memory of each of --gpus GPUs, e.g. 24GiB.")] = None,
     profile: Annotated[
         str | None,
         typer.Option("--profile", help="Serving profile to read the values below from (e.g. agent-256k)."),
@@ -52,36 +46,22 @@ def plan(
     ] = None,
     utilization: Annotated[
         float | None,
-        typer.Option(
-            "--gpu-memory-utilization", min=0.05, max=1.0, help="GPU_MEMORY_UTILIZATION [recipe: 0.94]."
-        ),
+        typer.Option("--gpu-memory-utilization", min=0.05, max=1.0, help="GPU_MEMORY_UTILIZATION [recipe: 0.94]."),
     ] = None,
     batched: Annotated[
         int | None,
         typer.Option("--max-num-batched-tokens", min=1, help="MAX_NUM_BATCHED_TOKENS [recipe: 8192]."),
     ] = None,
-    seqs: Annotated[
-        int | None, typer.Option("--max-num-seqs", min=1, help="MAX_NUM_SEQS [recipe: 1].")
-    ] = None,
-    workspace: Annotated[
-        str | None, typer.Option("--gpu-workspace", help="Override the workspace estimate.")
-    ] = None,
-    pool_threads: Annotated[
-        int | None, typer.Option("--pool-threads", min=0, help="Cap on CPU pool threads.")
-    ] = None,
-    bandwidth: Annotated[
-        Path | None, typer.Option("--bandwidth", help="`glm53 probe --json` output.")
-    ] = None,
-    learn_fraction: Annotated[
-        float, typer.Option("--learn-fraction", help="Trace share to learn from.")
-    ] = 0.8,
+    seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="MAX_NUM_SEQS [recipe: 1].")] = None,
+    workspace: Annotated[str | None, typer.Option("--gpu-workspace", help="Override the workspace estimate.")] = None,
+    pool_threads: Annotated[int | None, typer.Option("--pool-threads", min=0, help="Cap on CPU pool threads.")] = None,
+    bandwidth: Annotated[Path | None, typer.Option("--bandwidth", help="`glm53 probe --json` output.")] = None,
+    learn_fraction: Annotated[float, typer.Option("--learn-fraction", help="Trace share to learn from.")] = 0.8,
     host_root: Annotated[
         Path, typer.Option("--host-root", help="Read /proc and /sys under this root.", hidden=True)
     ] = Path("/"),
     env: Annotated[bool, typer.Option("--env", help="Print KEY=VALUE lines for the entrypoint.")] = False,
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Write plan.json, plan.env and rankings here.")
-    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.env and rankings here.")] = None,
     json_mode: JsonOpt = False,
 ) -> None:
     """Plan for this host (or the GPUs given).
@@ -139,13 +119,9 @@ def simulate(
     budgets: Annotated[
         str, typer.Option("--budgets", help="GPU slot budgets as fractions of all experts.")
     ] = "0.08,0.17,0.33",
-    learn_fraction: Annotated[
-        float, typer.Option("--learn-fraction", help="Trace share to learn from.")
-    ] = 0.2,
+    learn_fraction: Annotated[float, typer.Option("--learn-fraction", help="Trace share to learn from.")] = 0.2,
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor parallelism for the cost model.")] = 2,
-    bandwidth: Annotated[
-        Path | None, typer.Option("--bandwidth", help="`glm53 probe --json` output.")
-    ] = None,
+    bandwidth: Annotated[Path | None, typer.Option("--bandwidth", help="`glm53 probe --json` output.")] = None,
     workers: Annotated[
         int | None, typer.Option("--workers", min=1, help="Processes (default: every allowed CPU).")
     ] = None,
@@ -196,16 +172,10 @@ def synth(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="Experts per token and layer.")] = 8,
     locality: Annotated[
         float,
-        typer.Option(
-            "--locality", min=0.0, max=0.99, help="Chance a slot repeats the previous step's expert."
-        ),
+        typer.Option("--locality", min=0.0, max=0.99, help="Chance a slot repeats the previous step's expert."),
     ] = 0.3,
-    skew_min: Annotated[
-        float, typer.Option("--skew-min", min=0.0, help="Smallest per-layer Zipf skew.")
-    ] = 0.4,
-    skew_max: Annotated[
-        float, typer.Option("--skew-max", min=0.0, help="Largest per-layer Zipf skew.")
-    ] = 1.2,
+    skew_min: Annotated[float, typer.Option("--skew-min", min=0.0, help="Smallest per-layer Zipf skew.")] = 0.4,
+    skew_max: Annotated[float, typer.Option("--skew-max", min=0.0, help="Largest per-layer Zipf skew.")] = 1.2,
     seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same trace).")] = 0,
     counts: Annotated[Path | None, typer.Option("--counts", help="Also write the counts file here.")] = None,
     force: ForceOpt = False,

@@ -12,9 +12,7 @@ from glm53.output import Output
 
 
 def probe(
-    block_bytes: Annotated[
-        int, typer.Option("--block-bytes", min=1, help="Bytes per copy (one expert).")
-    ] = 9_474_060,
+    block_bytes: Annotated[int, typer.Option("--block-bytes", min=1, help="Bytes per copy (one expert).")] = 9_474_060,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Copies timed per memory kind.")] = 50,
     device: Annotated[int, typer.Option("--device", min=0, help="CUDA device index.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON report here.")] = None,

@@ -11,8 +11,7 @@ from glm53.cli.options import JsonOpt, ReproLockOpt
 from glm53.errors import BadInput, CheckFailed
 from glm53.output import Output
 
-repro_app = typer.Typer(help="Audit the repository, builds and hosts against repro.lock.json.",
-                        no_args_is_help=True)
+repro_app = typer.Typer(help="Audit the repository, builds and hosts against repro.lock.json.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -28,8 +27,7 @@ def show(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
     path = lock_path or find_repro_lock(Path.cwd())
     lock = load_repro_lock(path)
     sha256 = repro_lock_sha256(path)
-    payload = {"path": str(path), "sha256": sha256, "lock": lock.model_dump(mode="json"),
-               "unpinned": lock.unpinned()}
+    payload = {"path": str(path), "sha256": sha256, "lock": lock.model_dump(mode="json"), "unpinned": lock.unpinned()}
     Output(json_mode=json_out).result(payload, lambda console: render_pins(lock, str(path), sha256, console))
 
 
@@ -71,8 +69,10 @@ def audit_build_cmd(
     result = audit_build(installable, extra_args=extra)
     Output(json_mode=json_out).result(result, lambda console: render_build_audit(result, console))
     if not result.reproducible:
-        raise CheckFailed(f"{result.installable} is not bit-for-bit reproducible",
-                          hint="rebuild with --keep-failed and compare the outputs with diffoscope")
+        raise CheckFailed(
+            f"{result.installable} is not bit-for-bit reproducible",
+            hint="rebuild with --keep-failed and compare the outputs with diffoscope",
+        )
 
 
 @repro_app.command("audit-host")

@@ -23,9 +23,7 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError as exc:
-        raise Unavailable(
-            "glm53 probe needs torch with CUDA", hint="install torch with CUDA support"
-        ) from exc
+        raise Unavailable("glm53 probe needs torch with CUDA", hint="install torch with CUDA support") from exc
     if not torch.cuda.is_available():
         raise Unavailable(
             "no CUDA device is available to probe",

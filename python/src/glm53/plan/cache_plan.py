@@ -47,9 +47,7 @@ class CachePlan(BaseModel):
     layers: list[LayerCache]
     learned_steps: int = 0
     scored_steps: int = 0
-    expected_hit_rate: (
-        float | None
-    )  # held-out when a trace was split, else in-sample, None without statistics
+    expected_hit_rate: float | None  # held-out when a trace was split, else in-sample, None without statistics
     hit_rate_basis: str
     rankings: dict[str, list[int]] | None = None
 
@@ -87,8 +85,7 @@ def uniform_lru_plan(moe_layers: tuple[int, ...], experts: int, budget: int) -> 
         source="no routing statistics",
         total_slots=sum(slots),
         layers=[
-            LayerCache(layer=layer, slots=s, pinned=0, window=s)
-            for layer, s in zip(moe_layers, slots, strict=True)
+            LayerCache(layer=layer, slots=s, pinned=0, window=s) for layer, s in zip(moe_layers, slots, strict=True)
         ],
         expected_hit_rate=None,
         hit_rate_basis="no statistics to predict from",
@@ -108,9 +105,7 @@ def counts_plan(
     _check_layers(sorted(layer_keys), counts.experts, moe_layers, experts, f"routing counts {source}")
     matrix = counts.matrix(moe_layers)
     rankings = [rank_experts(row) for row in matrix]
-    curves = [
-        np.concatenate([[0], np.cumsum(row[ranking])]) for row, ranking in zip(matrix, rankings, strict=True)
-    ]
+    curves = [np.concatenate([[0], np.cumsum(row[ranking])]) for row, ranking in zip(matrix, rankings, strict=True)]
     slots = allocate_slots(curves, budget, min_slots=min_slots)
     totals = matrix.sum(axis=1)
     layers = [
@@ -140,9 +135,7 @@ def _learn_layer(task: tuple[NDArray[np.int16], int, NDArray[np.int64]]) -> Laye
     return layer_curves(routes, experts, rank_experts(counts), default_pinned_grid(experts))
 
 
-def learn_from_trace(
-    learn: RoutingTrace, *, workers: int | None = None
-) -> tuple[NDArray[np.int64], list[LayerCurves]]:
+def learn_from_trace(learn: RoutingTrace, *, workers: int | None = None) -> tuple[NDArray[np.int64], list[LayerCurves]]:
     """Rankings (hottest first, by the learned part's counts) and hit curves of every layer."""
     counts = learn.counts()
     tasks = [(learn.routes[:, index, :], learn.experts, counts[index]) for index in range(len(learn.layers))]
@@ -155,10 +148,7 @@ def learn_from_trace(
 def split_from_curves(curves: list[LayerCurves], budget: int, *, min_slots: int) -> list[tuple[int, int]]:
     """(pinned, window) per layer: DP over the learned best-split curves, then each layer's best split."""
     slots = allocate_slots([curve.best for curve in curves], budget, min_slots=min_slots)
-    return [
-        (int(curve.best_pinned[s]), s - int(curve.best_pinned[s]))
-        for curve, s in zip(curves, slots, strict=True)
-    ]
+    return [(int(curve.best_pinned[s]), s - int(curve.best_pinned[s])) for curve, s in zip(curves, slots, strict=True)]
 
 
 def trace_plan(
@@ -201,9 +191,7 @@ def trace_plan(
         learned_steps=learn.steps,
         scored_steps=score.steps,
         expected_hit_rate=scored_hits / (score.steps * score.top_k * len(moe_layers)),
-        hit_rate_basis=(
-            f"held out: learned on the first {learn.steps:,} steps, scored on the other {score.steps:,}"
-        ),
+        hit_rate_basis=(f"held out: learned on the first {learn.steps:,} steps, scored on the other {score.steps:,}"),
         rankings={str(layer): rankings[i].tolist() for i, layer in enumerate(moe_layers)},
     )
 

@@ -20,9 +20,7 @@ from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
 
 DEFAULT_ARCHITECTURE = "glm53-flash-exl3-3.05bpw"
-_EXPERT_KEY = re.compile(
-    r"^(?P<prefix>.+)\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\.(?P<rest>.+)$"
-)
+_EXPERT_KEY = re.compile(r"^(?P<prefix>.+)\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\.(?P<rest>.+)$")
 _LAYER_KEY = re.compile(r"\.layers\.(?P<layer>\d+)\.")
 # Column-parallel projections split their output features over the ranks, row-parallel ones their inputs.
 _COLUMN_PARALLEL = ("gate_proj", "up_proj")
@@ -165,9 +163,7 @@ def _int_field(config: dict[str, Any], key: str, path: Path, default: int | None
 def _dsa_layers(text: dict[str, Any], layers: int, path: Path) -> tuple[int, ...]:
     types = text.get("layer_types")
     if isinstance(types, list) and len(types) >= layers:
-        return tuple(
-            n for n, kind in enumerate(types[:layers]) if str(kind).lower() in ("dsa", "full_attention")
-        )
+        return tuple(n for n, kind in enumerate(types[:layers]) if str(kind).lower() in ("dsa", "full_attention"))
     start, interval = text.get("dsa_layer_start", 3), text.get("dsa_layer_interval", 4)
     if not isinstance(start, int) or not isinstance(interval, int) or interval <= 0:
         raise BadInput(f"model config {path}: dsa_layer_start / dsa_layer_interval must be integers")
@@ -213,9 +209,7 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise BadInput(
-            f"no *.safetensors files in {model_dir}", hint="point --model-dir at the checkpoint directory"
-        )
+        raise BadInput(f"no *.safetensors files in {model_dir}", hint="point --model-dir at the checkpoint directory")
     layouts: dict[int, dict[int, list[ExpertTensor]]] = {}
     replicated = sharded = mtp = total = 0
     for file in files:

@@ -122,8 +122,7 @@ def build_cost_model(
     weights = model.non_expert_bytes_per_rank(tp) + lookups * expert
     # Sparse attention reads every indexer key of the context and the latents of the top index_topk tokens.
     kv_read = kv.dsa_layers * (
-        context_tokens * kv.indexer_key_bytes_per_layer
-        + min(context_tokens, index_topk) * kv.latent_bytes_per_layer
+        context_tokens * kv.indexer_key_bytes_per_layer + min(context_tokens, index_topk) * kv.latent_bytes_per_layer
     )
     allreduce = TP_ALLREDUCE_SECONDS if tp > 1 else 0.0
     gpu_seconds = (weights + kv_read) / gpu_memory_bandwidth + allreduce

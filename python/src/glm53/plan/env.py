@@ -145,9 +145,7 @@ def plan_serving_env(
     """
     from glm53.plan.planner import plan_for_host, shape_from_profile
 
-    plan = plan_for_host(
-        shape_from_profile(profile), model_dir=model_dir, stats_path=stats_path, gpus=gpus, root=root
-    )
+    plan = plan_for_host(shape_from_profile(profile), model_dir=model_dir, stats_path=stats_path, gpus=gpus, root=root)
     rankings = write_rankings(plan, out_dir) if out_dir is not None else None
     return plan_env(plan, rankings), main_cpus(plan)
 

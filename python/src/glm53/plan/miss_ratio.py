@@ -102,9 +102,7 @@ def layer_curves(
 
     `pinned_grid` (sorted, starting at 0) limits the pinned counts considered; None considers all of them.
     """
-    grid = (
-        np.arange(experts + 1, dtype=np.int64) if pinned_grid is None else np.asarray(pinned_grid, np.int64)
-    )
+    grid = np.arange(experts + 1, dtype=np.int64) if pinned_grid is None else np.asarray(pinned_grid, np.int64)
     if grid[0] != 0 or np.any(np.diff(grid) <= 0) or grid[-1] > experts:
         raise ValueError("pinned_grid must rise strictly from 0 to at most the expert count")
     steps, top_k = routes.shape

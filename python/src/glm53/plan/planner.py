@@ -66,9 +66,7 @@ class ServingShape(BaseModel):
     max_num_seqs: int = Field(default=1, ge=1)  # MAX_NUM_SEQS
     max_num_batched_tokens: int = Field(default=8192, gt=0)  # MAX_NUM_BATCHED_TOKENS
     gpu_memory_utilization: float = Field(default=0.94, gt=0.0, le=1.0)  # GPU_MEMORY_UTILIZATION
-    kv_cache_memory_bytes: int | None = Field(
-        default=3_328_599_040, gt=0
-    )  # KV_CACHE_MEMORY_BYTES; None = derive
+    kv_cache_memory_bytes: int | None = Field(default=3_328_599_040, gt=0)  # KV_CACHE_MEMORY_BYTES; None = derive
     gpu_workspace_bytes: int | None = Field(default=None, ge=0)  # None = estimate
     gpu_headroom_bytes: int = Field(default=512 * MIB, ge=0)
     host_reserve_bytes: int = Field(default=8 * GIB, ge=0)
@@ -166,9 +164,7 @@ def _host_memory_fix(memory: HostMemory, needed: int, reserve: int) -> str:
     without_cgroup, _ = host_budget(memory.model_copy(update={"cgroup_limit_bytes": None}), reserve)
     limited = memory.cgroup_limit_bytes is not None and memory.cgroup_limit_bytes < memory.mem_total_bytes
     if limited and without_cgroup >= needed:
-        return (
-            f"raise the cgroup memory limit to at least {_gib(needed)} (systemd MemoryMax=, docker --memory)"
-        )
+        return f"raise the cgroup memory limit to at least {_gib(needed)} (systemd MemoryMax=, docker --memory)"
     if limited:
         return f"needs {_gib(needed)} of budget: {ram // GIB} GiB of RAM and a cgroup limit of at least that"
     return f"needs {_gib(needed)} of budget: {ram // GIB} GiB of RAM ({_gib(reserve)} stays with the system)"
@@ -196,8 +192,7 @@ def build_plan(
     used_gpus = gpus[:tp]
     if shape.max_model_len > model.max_position_embeddings:
         raise BadInput(
-            f"MAX_MODEL_LEN {shape.max_model_len:,} exceeds the model's "
-            f"{model.max_position_embeddings:,} positions",
+            f"MAX_MODEL_LEN {shape.max_model_len:,} exceeds the model's {model.max_position_embeddings:,} positions",
             hint=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
         )
     derivation = derive_kv(model, tp)
@@ -217,11 +212,7 @@ def build_plan(
 
     slot_bytes = model.expert_bytes_per_rank(tp)
     weights = model.non_expert_bytes_per_rank(tp)
-    workspace = (
-        shape.gpu_workspace_bytes
-        if shape.gpu_workspace_bytes is not None
-        else workspace_estimate(model, shape)
-    )
+    workspace = shape.gpu_workspace_bytes if shape.gpu_workspace_bytes is not None else workspace_estimate(model, shape)
     layers = model.moe_layers
     min_slots = model.num_experts_per_tok * len(layers)
     max_slots = model.n_routed_experts * len(layers)
@@ -360,9 +351,7 @@ def build_plan(
 
 
 def gpu_spec(gpu: GpuInfo) -> GpuSpec:
-    return GpuSpec(
-        index=gpu.index, name=gpu.name, total_bytes=gpu.memory_total_bytes, used_bytes=gpu.memory_used_bytes
-    )
+    return GpuSpec(index=gpu.index, name=gpu.name, total_bytes=gpu.memory_total_bytes, used_bytes=gpu.memory_used_bytes)
 
 
 def detect_gpus(nvml: object | None = None) -> list[GpuSpec]:

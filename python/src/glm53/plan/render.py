@@ -73,9 +73,7 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
     table.add_row("tokens it holds (derived)", f"{kv.tokens:,}")
     cmp = kv.recipe_comparison
     table.add_row(f"recipe: {cmp.kv_cache_memory_bytes:,} B, reported", f"{cmp.reported_tokens:,} tokens")
-    table.add_row(
-        "recipe: derived for the same bytes", f"{cmp.derived_tokens:,} tokens ({-cmp.gap_fraction:+.1%})"
-    )
+    table.add_row("recipe: derived for the same bytes", f"{cmp.derived_tokens:,} tokens ({-cmp.gap_fraction:+.1%})")
     console.print(table)
 
     host = plan.host
@@ -111,9 +109,7 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
     console.print(table)
 
     cache = plan.cache
-    table = Table(
-        title=f"GPU expert cache: {cache.strategy} ({cache.source or 'no statistics'})", title_justify="left"
-    )
+    table = Table(title=f"GPU expert cache: {cache.strategy} ({cache.source or 'no statistics'})", title_justify="left")
     for column in ("layers", "slots", "pinned", "LRU window", "hit rate"):
         table.add_column(column, justify="right")
     for first, last, layer in _runs(cache.layers):
@@ -200,8 +196,7 @@ def render_comparison(report: ComparisonReport, console: Console) -> None:
         )
     if report.cost_model is not None:
         console.print(
-            f"cost model: host->device {report.cost_model.host_to_device.source}; "
-            f"GPU {report.cost_model.gpu_note}"
+            f"cost model: host->device {report.cost_model.host_to_device.source}; GPU {report.cost_model.gpu_note}"
         )
     console.print(
         f"time: learning {report.learn_seconds:.1f} s, planning + simulations {report.total_seconds:.1f} s "
@@ -220,9 +215,7 @@ def render_probe(report: ProbeReport, block_bytes: int, seconds: float, console:
     for column in ("memory", "GB/s", "ms per block"):
         table.add_column(column, justify="right")
     for result in report.results:
-        table.add_row(
-            result.kind, f"{result.bytes_per_s / 1e9:.2f}", f"{result.seconds / result.repeats * 1e3:.3f}"
-        )
+        table.add_row(result.kind, f"{result.bytes_per_s / 1e9:.2f}", f"{result.seconds / result.repeats * 1e3:.3f}")
     console.print(table)
     console.print(f"torch {report.torch}, CUDA {report.cuda}; {seconds:.1f} s")
 

@@ -128,8 +128,7 @@ def read_trace(path: Path) -> RoutingTrace:
             raise _bad_trace(
                 path,
                 1,
-                f"format {header.format!r} version {header.version} is not "
-                f"{TRACE_FORMAT!r} version {FORMAT_VERSION}",
+                f"format {header.format!r} version {header.version} is not {TRACE_FORMAT!r} version {FORMAT_VERSION}",
             )
         rows: list[list[list[int]]] = []
         for number, raw in enumerate(handle, start=2):
@@ -159,9 +158,7 @@ def _validated(path: Path, header: TraceHeader, routes: NDArray[np.int64]) -> Ro
     bad = np.argwhere((routes < 0) | (routes >= header.experts))
     if bad.size:
         step = int(bad[0][0])
-        raise _bad_trace(
-            path, step + 2, f"expert id {int(routes[tuple(bad[0])])} outside 0..{header.experts - 1}"
-        )
+        raise _bad_trace(path, step + 2, f"expert id {int(routes[tuple(bad[0])])} outside 0..{header.experts - 1}")
     ordered = np.sort(routes, axis=2)
     dup = np.argwhere(ordered[:, :, 1:] == ordered[:, :, :-1])
     if dup.size:

@@ -136,3 +136,20 @@ def test_listening_everywhere_without_a_key_and_a_group_readable_key_are_warned(
     assert result.json()["warnings"] == [
         f"--api-key-file: {key} is readable by its group; chmod 600 {key} keeps the key to its owner"
     ]
+
+
+def test_clumsy_paths_and_addresses_are_named(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    code, message = _run("demo", "--prepare-only", "--model-dir", str(a_file))
+    assert code == 2 and f"--model-dir: {a_file} is not a directory" in message
+    bad = tmp_path / "plan.env"
+    bad.write_bytes(b"\xff\xfe")
+    code, message = _run("serve", "--profile", "cpu-tiny", "--dry-run", "--plan-env", str(bad))
+    assert code == 2 and f"--plan-env: {bad} is not UTF-8 text" in message
+    code, message = _run("doctor", "--port", "70000")
+    assert code == 2 and "--port" in message
+    # The IPv4 loopback spelled as IPv6 is loopback; a link-local address is not.
+    assert _run("profile", "check", "--host", "::ffff:127.0.0.1")[0] == 0
+    code, message = _run("profile", "check", "--host", "fe80::1%eth0")
+    assert code == 2 and "--listen-all" in message

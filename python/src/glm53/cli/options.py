@@ -29,7 +29,7 @@ NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Hash every file, i
 ReproLockOpt = Annotated[Path | None, typer.Option("--lock", help="repro.lock.json to use (default: found).")]
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help=f"Serving profile: {', '.join(PROFILE_NAMES)}.")]
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (not loopback: add --listen-all).")]
-PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on.")]
+PortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")]
 ListenAllOpt = Annotated[bool, typer.Option("--listen-all", help="Allow a --host other than loopback.")]
 SetOpt = Annotated[
     list[str] | None,

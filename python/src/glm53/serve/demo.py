@@ -258,6 +258,8 @@ def prepare_demo_model(model_dir: Path | None = None, *, rebuild: bool = False) 
     from glm53.checkpoint.verify import verify_checkpoint
 
     target = Path(model_dir) if model_dir is not None else default_demo_dir()
+    if target.exists() and not target.is_dir():
+        raise BadInput(f"--model-dir: {target} is not a directory", hint="point it at a new or empty directory")
     lock_path = default_lock_path(target)
     built = locked = False
     if (target / "config.json").is_file() and not looks_like_tiny_model(target):

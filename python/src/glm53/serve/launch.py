@@ -61,22 +61,26 @@ class LaunchSpec(BaseModel):
         return f"http://{host}:{self.port}"
 
 
-def is_loopback(host: str) -> bool:
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host)
     except ValueError:
-        return False
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1, and ::ffff:127.x.y.z (the IPv4 loopback spelled as IPv6)."""
+    address = _address(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address is not None and address.is_loopback
 
 
 def check_host(host: str, *, listen_all: bool) -> str:
     """127.0.0.1 by default; an address other than loopback needs the explicit `--listen-all` flag."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError as exc:
-        raise BadInput(
-            f"--host {host!r} is not an IP address", hint="use 127.0.0.1, or 0.0.0.0 with --listen-all"
-        ) from exc
-    if not address.is_loopback and not listen_all:
+    if _address(host) is None:
+        raise BadInput(f"--host {host!r} is not an IP address", hint="use 127.0.0.1, or 0.0.0.0 with --listen-all")
+    if not is_loopback(host) and not listen_all:
         raise BadInput(
             f"--host {host} would accept connections from other machines",
             hint="pass --listen-all as well if that is what you want (and set --api-key-file)",

@@ -512,8 +512,8 @@ def load_profile(
     return Profile(name=name, description=description, settings=ordered)
 
 
-def read_env_file(path: Path) -> tuple[Path, str]:
+def read_env_file(path: Path, *, flag: str = "--env-file") -> tuple[Path, str]:
     """Read an env file for `load_profile`, naming the file in every error (a pipe or a huge file too)."""
     from glm53.fsutil import read_text_bounded
 
-    return path, read_text_bounded(path, what="--env-file", max_bytes=ENV_FILE_MAX_BYTES)
+    return path, read_text_bounded(path, what=flag, max_bytes=ENV_FILE_MAX_BYTES)

@@ -78,7 +78,7 @@ def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
     from glm53.host.topology import parse_cpu_list
     from glm53.serve.profiles import parse_env_text
 
-    _, text = read_env_file(path)
+    _, text = read_env_file(path, flag="--plan-env")
     lines, _ = parse_env_text(text, source=str(path))
     values = [(line.key, line.value, f"plan {path}:{line.lineno}") for line in lines]
     others = {line.key: line.value for line in lines if line.key not in KEYS}

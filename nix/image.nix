@@ -9,34 +9,52 @@
   glm53-runtime,
   glmLib,
 }:
+let
+  # torch inductor calls getpass.getuser(), which needs a passwd entry; the server runs as this user.
+  uid = 1000;
+  home = "/var/cache/glm53";
+  nss = dockerTools.fakeNss.override {
+    extraPasswdLines = [ "glm53:x:${toString uid}:${toString uid}:glm53 server:${home}:/bin/sh" ];
+    extraGroupLines = [ "glm53:x:${toString uid}:" ];
+  };
+in
 dockerTools.streamLayeredImage {
   name = "glm53";
   tag = glmLib.version;
   contents = [
     glm53-runtime
+    nss
     cacert
     bashInteractive
     coreutils
   ];
   extraCommands = ''
-    mkdir -p tmp model
-    chmod 1777 tmp
+    mkdir -p tmp model .${home}
+    # any uid (docker run --user) may write the caches, as /tmp
+    chmod 1777 tmp .${home}
   '';
   config = {
+    User = "${toString uid}:${toString uid}";
+    WorkingDirectory = home;
     # Inside the container 0.0.0.0 is right: publish the port on the host's loopback only
-    # (docker run -p 127.0.0.1:8000:8000 ...), so the image passes the listen-all flag explicitly.
-    Entrypoint = [ (lib.getExe glm53-runtime) ];
-    Cmd = [
+    # (docker run -p 127.0.0.1:8000:8000 ...). The address flags are part of the entrypoint, so arguments
+    # given to `docker run` (say --set MAX_MODEL_LEN=131072) add to them instead of replacing them.
+    Entrypoint = [
+      (lib.getExe glm53-runtime)
       "--model-dir"
       "/model"
       "--host"
       "0.0.0.0"
       "--listen-all"
     ];
+    Cmd = [ ];
     Env = [
+      # Where container toolkits put the driver's libraries (NixOS, RHEL, Debian/Ubuntu); `glm53 serve`
+      # finds libcuda.so.1 on this path and points Triton at it (TRITON_LIBCUDA_PATH) at start.
       "LD_LIBRARY_PATH=/run/opengl-driver/lib:/usr/lib64:/usr/lib/x86_64-linux-gnu"
-      "TRITON_LIBCUDA_PATH=/usr/lib64"
       "SSL_CERT_FILE=${cacert}/etc/ssl/certs/ca-bundle.crt"
+      "HOME=${home}"
+      "XDG_CACHE_HOME=${home}"
       "HF_HUB_OFFLINE=1"
       "VLLM_NO_USAGE_STATS=1"
       "DO_NOT_TRACK=1"

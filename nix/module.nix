@@ -26,7 +26,7 @@ let
   args = glmLib.serveArgs {
     inherit (cfg) profile host port listenAll;
     modelDir = cfg.modelDir;
-    envFile = checkedEnvFile;
+    envFile = cfg.settingsFile;
     apiKeyFile = if cfg.apiKeyFile == null then null else "%d/api-key";
   };
 in
@@ -47,8 +47,10 @@ in
       description = "The validated profile whose argv and environment are launched.";
     };
 
+    # Strings, not Nix paths: a path literal would be copied into the world-readable store (the whole
+    # checkpoint, or the API key), and the unit would then check one copy and serve another.
     modelDir = lib.mkOption {
-      type = lib.types.path;
+      type = lib.types.externalPath;
       example = "/srv/models/glm53-flash-exl3-3.05bpw";
       description = "The checkpoint, verified against its lock and index-repaired (`glm53 model install`).";
     };
@@ -94,6 +96,14 @@ in
       description = "TCP port of the OpenAI-compatible API.";
     };
 
+    settingsFile = lib.mkOption {
+      type = lib.types.package;
+      readOnly = true;
+      default = checkedEnvFile;
+      defaultText = lib.literalMD "`settings` rendered to KEY=VALUE lines, built only if `glm53 profile check` accepts them";
+      description = "The settings file the unit reads; building it is the build-time settings check.";
+    };
+
     openFirewall = lib.mkOption {
       type = lib.types.bool;
       default = false;
@@ -101,13 +111,24 @@ in
     };
 
     apiKeyFile = lib.mkOption {
-      type = lib.types.nullOr lib.types.path;
+      type = lib.types.nullOr lib.types.externalPath;
       default = null;
-      description = "File holding the API key; passed as a systemd credential, never through the store.";
+      example = "/run/secrets/glm53-api-key";
+      description = ''
+        File holding the API key (a string, not a Nix path: a path would be copied into the store); passed
+        as a systemd credential, never through the store. Required with listenAll.
+      '';
     };
   };
 
   config = lib.mkIf cfg.enable {
+    assertions = [
+      {
+        assertion = cfg.listenAll -> cfg.apiKeyFile != null;
+        message = "services.glm53.listenAll opens the server to other machines: set services.glm53.apiKeyFile too.";
+      }
+    ];
+
     networking.firewall.allowedTCPPorts = lib.mkIf cfg.openFirewall [ cfg.port ];
 
     systemd.services.glm53 = {
@@ -127,7 +148,16 @@ in
         TRITON_CACHE_DIR = "/var/cache/glm53/triton";
       };
       serviceConfig = {
-        ExecStartPre = "${glm53} doctor --profile ${cfg.profile} --model-dir ${cfg.modelDir} --port ${toString cfg.port}";
+        ExecStartPre = lib.escapeShellArgs [
+          glm53
+          "doctor"
+          "--profile"
+          cfg.profile
+          "--model-dir"
+          cfg.modelDir
+          "--port"
+          (toString cfg.port)
+        ];
         ExecStart = lib.escapeShellArgs ([ glm53 ] ++ args ++ [ "--skip-preflight" ]);
         LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ "api-key:${cfg.apiKeyFile}" ];
         Restart = "on-failure";

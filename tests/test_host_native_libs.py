@@ -155,7 +155,7 @@ def _hide_numa(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ("demo", "--port", "0"),
+        ("demo", "--port", "8123"),
         ("serve", "--profile", "cpu-tiny", "--model-dir", "."),
         ("doctor", "--profile", "cpu-tiny"),
     ],

@@ -140,3 +140,23 @@ def test_profile_check_resolves_the_launch_without_reading_this_host() -> None:
     refused = run_glm53("profile", "check", "--host", "0.0.0.0")
     assert refused.code == 2 and "--listen-all" in refused.stderr
     assert run_glm53("profile", "check", "--host", "0.0.0.0", "--listen-all").code == 0
+
+
+def test_triton_is_pointed_at_the_drivers_libcuda_where_this_host_has_it(tmp_path: Path, recipe_gpus: None) -> None:
+    import shutil
+
+    from glm53.host.native_libs import find_system_library, read_loader_view
+
+    libc = find_system_library("libc.so.6", read_loader_view())
+    assert libc is not None
+    shutil.copy(libc, tmp_path / "libcuda.so.1")  # a real ELF library of this machine, named as the driver's
+    environ = {"LD_LIBRARY_PATH": str(tmp_path)}
+    launch = resolve_launch(ServeRequest(root=THREADRIPPER), need_model=False, environ=environ)
+    assert launch.spec.env["TRITON_LIBCUDA_PATH"] == str(tmp_path)
+    assert launch.spec.origins["TRITON_LIBCUDA_PATH"] == f"this host ({tmp_path / 'libcuda.so.1'})"
+    preset = resolve_launch(
+        ServeRequest(root=THREADRIPPER), need_model=False, environ={**environ, "TRITON_LIBCUDA_PATH": "/x"}
+    )
+    assert "TRITON_LIBCUDA_PATH" not in preset.spec.env  # the user's own value is inherited untouched
+    cpu = resolve_launch(ServeRequest(profile="cpu-tiny"), need_model=False, environ=environ)
+    assert "TRITON_LIBCUDA_PATH" not in cpu.spec.env

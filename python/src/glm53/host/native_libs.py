@@ -19,6 +19,7 @@ import importlib.util
 import os
 import struct
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
@@ -254,6 +255,15 @@ def resolve(soname: str, requester: ElfObject, view: LoaderView) -> Path | None:
         if candidate.is_file() and _compatible(candidate, requester):
             return candidate
     return None
+
+
+def find_system_library(soname: str, view: LoaderView) -> Path | None:
+    """Where the loader finds `soname` for this Python (LD_LIBRARY_PATH, the ldconfig cache, the default dirs):
+    e.g. the driver's libcuda.so.1, wherever a distribution or a container toolkit put it."""
+    interpreter = _read_elf_cached(Path(sys.executable).resolve())
+    if interpreter is None:
+        return None
+    return resolve(soname, interpreter.model_copy(update={"rpath": [], "runpath": []}), view)
 
 
 def find_missing(objects: Iterable[Path], view: LoaderView, *, relative_to: Path | None = None) -> list[MissingLibrary]:

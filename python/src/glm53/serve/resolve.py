@@ -155,6 +155,7 @@ def resolve_launch(
     if plan_values:
         profile = layered(plan_values)
     api_key = read_api_key(req.api_key_file) if req.api_key_file is not None else None
+    host_env = _driver_env(environ) if plan_here and requirements_for(profile).gpus > 0 else {}
     spec = build_launch(
         profile,
         model_dir=model_dir,
@@ -165,6 +166,13 @@ def resolve_launch(
         plan=plan,
         api_key=api_key is not None,
     )
+    if host_env:
+        spec = spec.model_copy(
+            update={
+                "env": {**spec.env, **{key: value for key, (value, _) in host_env.items()}},
+                "origins": {**spec.origins, **{key: origin for key, (_, origin) in host_env.items()}},
+            }
+        )
     warnings = []
     if req.api_key_file is not None and (group_readable := api_key_file_warning(req.api_key_file)):
         warnings.append(group_readable)
@@ -174,6 +182,19 @@ def resolve_launch(
             "pass --api-key-file FILE (chmod 600)"
         )
     return Launch(spec=spec, profile=profile, plan=status, warnings=warnings, api_key=api_key)
+
+
+def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Triton finds libcuda through /sbin/ldconfig, which images and Nix hosts lack: point it at the driver's
+    library where this host's loader finds it, unless TRITON_LIBCUDA_PATH is set already."""
+    from glm53.host.native_libs import find_system_library, read_loader_view
+
+    if environ.get("TRITON_LIBCUDA_PATH"):
+        return {}
+    found = find_system_library("libcuda.so.1", read_loader_view(environ))
+    if found is None:
+        return {}
+    return {"TRITON_LIBCUDA_PATH": (str(found.parent), f"this host ({found})")}
 
 
 def _plan_here(

@@ -4,6 +4,13 @@
   # Must equal nix.nixpkgs in repro.lock.json; `glm53 repro check` fails when they drift apart.
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-25.11";
 
+  # cache.nixos.org builds nothing unfree, so nothing CUDA: the NixOS CUDA team's cache has nixpkgs' CUDA
+  # packages for its default capabilities (this flake's sm_86 torch and vLLM still build locally).
+  nixConfig = {
+    extra-substituters = [ "https://cache.nixos-cuda.org" ];
+    extra-trusted-public-keys = [ "cache.nixos-cuda.org:74DUi4Ye579gUqzH4ziL9IyiJBlDpMRn9MBN8oNan9M=" ];
+  };
+
   outputs =
     { self, nixpkgs }:
     let
@@ -26,20 +33,55 @@
 
       overlays.default = import ./nix/overlay.nix { inherit glmLib; };
 
-      packages = forAllSystems (pkgs: {
-        default = pkgs.glm53-runtime;
-        glm53 = pkgs.glm53;
-        glm53-runtime = pkgs.glm53-runtime;
-        exllamav3 = pkgs.python3Packages.exllamav3-glm53;
-        vllm = pkgs.python3Packages.vllm-glm53;
-        image = pkgs.callPackage ./nix/image.nix { inherit glmLib; };
-      });
+      packages = forAllSystems (
+        pkgs:
+        let
+          # Outputs built from the vendor vLLM commit: stubs that fail with the lock fields to fill
+          # while those pins are null, so that everything else evaluates and builds meanwhile.
+          engine =
+            name: drv:
+            if glmLib.unpinned == [ ] then
+              drv
+            else
+              glmLib.unpinnedStub {
+                inherit name;
+                inherit (pkgs.stdenv.hostPlatform) system;
+              };
+          runtime = engine "glm53-runtime" pkgs.glm53-runtime;
+        in
+        {
+          default = runtime;
+          glm53 = pkgs.glm53;
+          glm53-runtime = runtime;
+          exllamav3 = pkgs.python3Packages.exllamav3-glm53;
+          vllm = engine "vllm-glm53" pkgs.python3Packages.vllm-glm53;
+          image = engine "glm53-image" (pkgs.callPackage ./nix/image.nix { inherit glmLib; });
+        }
+      );
 
-      # `nix run github:...#default -- --model /path/to/checkpoint`: a one-shot server on 127.0.0.1.
+      # `nix run github:...#default -- --model-dir /path/to/checkpoint`: a one-shot server on 127.0.0.1.
+      # `nix run .#glm53 -- doctor` (or model, plan, bench, repro ...): the CLI alone, no CUDA runtime.
       apps = forAllSystems (pkgs: {
         default = {
           type = "app";
-          program = "${pkgs.glm53-runtime}/bin/glm53-serve";
+          program = "${self.packages.${pkgs.stdenv.hostPlatform.system}.glm53-runtime}/bin/glm53-serve";
+        };
+        glm53 = {
+          type = "app";
+          program = "${pkgs.glm53}/bin/glm53";
+        };
+      });
+
+      # `nix develop`: the CLI's dependencies, the Nix formatter and Python's linters, no CUDA.
+      devShells = forAllSystems (pkgs: {
+        default = pkgs.mkShell {
+          inputsFrom = [ pkgs.glm53 ];
+          packages = [
+            pkgs.nixfmt
+            pkgs.ruff
+            pkgs.python3Packages.mypy
+            pkgs.python3Packages.pytest
+          ];
         };
       });
 
@@ -51,6 +93,7 @@
         settings-render = pkgs.callPackage ./nix/checks/settings-render.nix { inherit glmLib; };
       });
 
-      formatter = forAllSystems (pkgs: pkgs.nixfmt-rfc-style);
+      # nixfmt is the RFC 166 style since nixpkgs 25.11 (nixfmt-rfc-style is its deprecated alias).
+      formatter = forAllSystems (pkgs: pkgs.nixfmt);
     };
 }

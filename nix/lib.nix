@@ -15,6 +15,37 @@ let
     else
       value;
 
+  # The source pins still null, by their lock field names (the same list `glm53 repro show` prints).
+  unpinned = builtins.concatLists (
+    map
+      (
+        name:
+        map (field: "engine.${name}.${field}") (
+          builtins.filter (field: lock.engine.${name}.${field} == null) [
+            "rev"
+            "hash"
+          ]
+        )
+      )
+      [
+        "vllm"
+        "glm53_overlay"
+      ]
+  );
+
+  # What an output that needs an unpinned source is until the pins are filled: a derivation that evaluates
+  # (so `nix flake check` and `nix flake show` work) and fails when built, naming the fields to fill.
+  unpinnedStub =
+    { name, system }:
+    derivation {
+      inherit name system;
+      builder = "/bin/sh";
+      args = [
+        "-c"
+        "echo 'repro.lock.json: ${builtins.concatStringsSep ", " unpinned} not pinned yet; fill them (glm53 repro show lists them) before building ${name}' >&2; exit 1"
+      ];
+    };
+
   isEnvKey = key: builtins.match "[A-Z][A-Z0-9_]*" key != null;
 
   renderValue =
@@ -131,6 +162,8 @@ in
     lock
     pins
     requirePin
+    unpinned
+    unpinnedStub
     renderEnvFile
     profileNames
     serveArgs

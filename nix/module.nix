@@ -12,10 +12,11 @@ let
   envFile = pkgs.writeText "glm53-${cfg.profile}.env" (glmLib.renderEnvFile cfg.settings);
   glm53 = lib.getExe' cfg.package "glm53";
   # Fails the system build when a key is unknown to the profile, a value does not parse, or the address
-  # is not loopback without listenAll: glm53 resolves the launch as it will at start.
+  # is not loopback without listenAll: glm53 resolves the launch as it will at start. The CLI alone runs
+  # it: the check needs neither the CUDA runtime nor a GPU on the building machine.
   checkedEnvFile = pkgs.runCommand "glm53-settings-checked" { } ''
     ${lib.escapeShellArgs (
-      [ glm53 ]
+      [ (lib.getExe self.packages.${pkgs.stdenv.hostPlatform.system}.glm53) ]
       ++ glmLib.checkArgs {
         inherit (cfg) profile host port listenAll;
         inherit envFile;
@@ -36,7 +37,7 @@ in
 
     package = lib.mkOption {
       type = lib.types.package;
-      default = self.packages.${pkgs.stdenv.hostPlatform.system}.glm53-runtime;
+      default = self.packages.${pkgs.stdenv.hostPlatform.system}.glm53-runtime; # a stub until vLLM is pinned
       defaultText = lib.literalExpression "glm53.packages.\${system}.glm53-runtime";
       description = "The runtime: glm53 with the pinned vLLM and ExLlamaV3.";
     };

@@ -45,13 +45,25 @@ def _expr(config: str) -> str:
 
 def evaluate(config: str) -> subprocess.CompletedProcess[str]:
     expr = f"let r = {_expr(config)}; in {{ inherit (r) failedAssertions ports service; }}"
-    return subprocess.run(["nix", "eval", "--json", "--impure", "--expr", expr], cwd=ROOT, env=NIX_ENV,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["nix", "eval", "--json", "--impure", "--expr", expr],
+        cwd=ROOT,
+        env=NIX_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def build_check(config: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["nix-build", "--no-out-link", "-E", _expr(config), "-A", "check"], cwd=ROOT,
-                          env=NIX_ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["nix-build", "--no-out-link", "-E", _expr(config), "-A", "check"],
+        cwd=ROOT,
+        env=NIX_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_readme_configuration_renders_the_unit_exactly() -> None:
@@ -64,10 +76,31 @@ def test_the_readme_configuration_renders_the_unit_exactly() -> None:
     glm53 = f"{GLM53_PREFIX}/bin/glm53"
     argv = shlex.split(unit["ExecStart"])
     env_file = argv[argv.index("--env-file") + 1]
-    assert argv == [glm53, "serve", "--profile", "agent-256k", "--model-dir", "/srv/models/glm53",
-                    "--env-file", env_file, "--host", "127.0.0.1", "--port", "8000", "--skip-preflight"]
-    assert shlex.split(unit["ExecStartPre"]) == [glm53, "doctor", "--profile", "agent-256k", "--model-dir",
-                                                 "/srv/models/glm53", "--port", "8000"]
+    assert argv == [
+        glm53,
+        "serve",
+        "--profile",
+        "agent-256k",
+        "--model-dir",
+        "/srv/models/glm53",
+        "--env-file",
+        env_file,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--skip-preflight",
+    ]
+    assert shlex.split(unit["ExecStartPre"]) == [
+        glm53,
+        "doctor",
+        "--profile",
+        "agent-256k",
+        "--model-dir",
+        "/srv/models/glm53",
+        "--port",
+        "8000",
+    ]
     assert "LoadCredential" not in unit
     assert unit["LimitMEMLOCK"] == "infinity" and unit["DynamicUser"] is True
     assert unit["ProtectSystem"] == "strict" and unit["ReadOnlyPaths"] == ["/srv/models/glm53"]
@@ -123,6 +156,10 @@ def test_a_bad_setting_fails_the_build_with_glm53s_message(config: str, message:
     # The CLI says the same thing for the same input (one rule, in Python).
     if "host" in config:
         host = config.split('"')[1]
-        cli = subprocess.run([str(GLM53_PREFIX / "bin" / "glm53"), "profile", "check", "--host", host],
-                             capture_output=True, text=True, timeout=60)
+        cli = subprocess.run(
+            [str(GLM53_PREFIX / "bin" / "glm53"), "profile", "check", "--host", host],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert cli.returncode == 2 and message in cli.stderr

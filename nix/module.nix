@@ -125,6 +125,12 @@ in
   config = lib.mkIf cfg.enable {
     assertions = [
       {
+        # The unit needs the driver's kernel modules and userspace (libcuda), which NixOS installs only for
+        # the nvidia video driver, headless hosts included.
+        assertion = lib.elem "nvidia" config.services.xserver.videoDrivers;
+        message = ''services.glm53 needs the NVIDIA driver: set services.xserver.videoDrivers = [ "nvidia" ]; (and hardware.nvidia.open to match your GPU).'';
+      }
+      {
         assertion = cfg.listenAll -> cfg.apiKeyFile != null;
         message = "services.glm53.listenAll opens the server to other machines: set services.glm53.apiKeyFile too.";
       }

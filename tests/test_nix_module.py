@@ -36,15 +36,17 @@ pytestmark = [
 README_CONFIG = 'enable = true; modelDir = "/srv/models/glm53"; settings.MAX_MODEL_LEN = 131072;'
 
 
-def _expr(config: str) -> str:
+def _expr(config: str, host: str | None = None) -> str:
     return (
         f"import {HARNESS} {{ nixpkgsLib = {Path(NIXPKGS_LIB).resolve()}; "
-        f'glm53Prefix = "{GLM53_PREFIX}"; config = {{ {config} }}; }}'
+        f'glm53Prefix = "{GLM53_PREFIX}"; config = {{ {config} }}; '
+        + (f"host = {{ {host} }}; " if host is not None else "")
+        + "}"
     )
 
 
-def evaluate(config: str) -> subprocess.CompletedProcess[str]:
-    expr = f"let r = {_expr(config)}; in {{ inherit (r) failedAssertions ports service; }}"
+def evaluate(config: str, host: str | None = None) -> subprocess.CompletedProcess[str]:
+    expr = f"let r = {_expr(config, host)}; in {{ inherit (r) failedAssertions ports service; }}"
     return subprocess.run(
         ["nix", "eval", "--json", "--impure", "--expr", expr],
         cwd=ROOT,
@@ -127,6 +129,13 @@ def test_the_api_key_is_a_credential_never_a_store_path() -> None:
     assert "services.glm53.apiKeyFile" in literal.stderr and "not in the Nix store" in literal.stderr
     model_literal = evaluate("enable = true; modelDir = /srv/models/glm53;")
     assert model_literal.returncode != 0 and "services.glm53.modelDir" in model_literal.stderr
+
+
+def test_the_nvidia_driver_must_be_configured() -> None:
+    result = evaluate(README_CONFIG, host="")
+    assert result.returncode == 0, result.stderr
+    (message,) = json.loads(result.stdout)["failedAssertions"]
+    assert 'services.xserver.videoDrivers = [ "nvidia" ]' in message
 
 
 def test_listening_everywhere_needs_an_api_key() -> None:

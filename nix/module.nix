@@ -9,6 +9,7 @@
 }:
 let
   cfg = config.services.glm53;
+  unit = builtins.fromJSON (builtins.readFile ../python/src/glm53/data/systemd-unit.json);
   envFile = pkgs.writeText "glm53-${cfg.profile}.env" (glmLib.renderEnvFile cfg.settings);
   glm53 = lib.getExe' cfg.package "glm53";
   # Fails the system build when a key is unknown to the profile, a value does not parse, or the address
@@ -140,21 +141,15 @@ in
 
     systemd.services.glm53 = {
       description = "GLM-5.3-Flash server (glm53, profile ${cfg.profile})";
-      wantedBy = [ "multi-user.target" ];
-      after = [ "network.target" ];
+      wantedBy = unit.install.WantedBy;
+      after = unit.unit.After;
       # Bounded restarts: an unbounded crash loop of a 120 GB loader is a sustained memory storm.
-      startLimitBurst = 3;
-      startLimitIntervalSec = 3600;
-      environment = {
-        HF_HUB_OFFLINE = "1";
-        VLLM_NO_USAGE_STATS = "1";
-        DO_NOT_TRACK = "1";
-        HOME = "/var/cache/glm53";
-        XDG_CACHE_HOME = "/var/cache/glm53";
-        VLLM_CACHE_ROOT = "/var/cache/glm53/vllm";
-        TRITON_CACHE_DIR = "/var/cache/glm53/triton";
-      };
-      serviceConfig = {
+      startLimitBurst = unit.unit.StartLimitBurst;
+      startLimitIntervalSec = unit.unit.StartLimitIntervalSec;
+      inherit (unit) environment;
+      # The hardening and limits, with the reason for every loosening, live once in systemd-unit.json;
+      # `glm53 systemd-unit` renders the same unit for hosts without NixOS.
+      serviceConfig = unit.service // {
         ExecStartPre = lib.escapeShellArgs [
           glm53
           "doctor"
@@ -162,62 +157,14 @@ in
           cfg.profile
           "--model-dir"
           cfg.modelDir
+          "--host"
+          cfg.host
           "--port"
           (toString cfg.port)
         ];
         ExecStart = lib.escapeShellArgs ([ glm53 ] ++ args ++ [ "--skip-preflight" ]);
         LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ "api-key:${cfg.apiKeyFile}" ];
-        Restart = "on-failure";
-        RestartSec = 90;
-        TimeoutStartSec = 2400;
-        TimeoutStopSec = 60;
-        KillSignal = "SIGTERM";
-
-        DynamicUser = true;
-        CacheDirectory = "glm53";
-        StateDirectory = "glm53";
-        WorkingDirectory = "/var/lib/glm53";
-        UMask = "0077";
         ReadOnlyPaths = [ cfg.modelDir ];
-        LimitMEMLOCK = "infinity"; # pinned host expert pools
-        LimitSTACK = 67108864;
-
-        DevicePolicy = "closed";
-        DeviceAllow = [
-          "char-nvidiactl"
-          "char-nvidia-uvm"
-          "char-nvidia-caps"
-          "char-nvidia-frontend"
-        ];
-        SupplementaryGroups = [
-          "video"
-          "render"
-        ];
-        PrivateDevices = false; # hides the GPUs
-        ProtectSystem = "strict";
-        ProtectHome = true;
-        PrivateTmp = true;
-        NoNewPrivileges = true;
-        ProtectKernelTunables = true;
-        ProtectKernelModules = true;
-        ProtectControlGroups = true;
-        RestrictNamespaces = true;
-        LockPersonality = true;
-        RestrictRealtime = true;
-        RestrictSUIDSGID = true;
-        SystemCallArchitectures = "native";
-        SystemCallFilter = [
-          "@system-service"
-          "@resources"
-        ];
-        RestrictAddressFamilies = [
-          "AF_INET"
-          "AF_INET6"
-          "AF_UNIX" # vLLM's engine processes talk over Unix sockets
-          "AF_NETLINK"
-        ];
-        # Left at their defaults on purpose: MemoryDenyWriteExecute (Triton and torch.compile JIT),
-        # ProtectClock and IPAddressDeny=any (both break vLLM's workers).
       };
     };
   };

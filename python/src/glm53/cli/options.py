@@ -84,3 +84,35 @@ ServedEnvFileOpt = Annotated[
     typer.Option("--env-file", help="The .env file the server was started with (recorded in the plan)."),
 ]
 ReportOnlyOpt = Annotated[bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")]
+
+# `glm53 systemd-unit`: the glm53 command the unit runs, and where the unit is written.
+Glm53PathOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--glm53",
+        help="The glm53 executable the unit runs (default: the one on PATH); vLLM is taken from its directory.",
+        show_default=False,
+    ),
+]
+UnitOutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", help="Write the unit to this file (atomically) instead of stdout.", show_default=False),
+]
+# `glm53 bench`'s key: a file or the environment keep it out of argv (/proc/PID/cmdline shows argv to every user).
+BenchApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        help="Bearer token, when the server wants one. Visible to every user of this host (in the process list): "
+        "prefer --api-key-file or GLM53_API_KEY / OPENAI_API_KEY.",
+        show_default=False,
+    ),
+]
+BenchApiKeyFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--api-key-file",
+        help="File holding the bearer token on its first line (not readable by every user: chmod 600).",
+        show_default=False,
+    ),
+]

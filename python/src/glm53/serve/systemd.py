@@ -1,0 +1,353 @@
+"""A systemd unit for hosts without NixOS: settings -> unit text, hardening from one data file.
+
+    load_unit_data() -> UnitData                      the package's data/systemd-unit.json, checked
+    unit_settings(request, glm53=...) -> UnitSettings  validates through resolve_launch (reads the key/env files)
+    render_unit(settings, data) -> UnitFile           pure: the [Unit], [Service], [Install] text
+
+The hardening and limits live once, in `glm53/data/systemd-unit.json`; the NixOS module reads the same file
+(`builtins.fromJSON`). What a unit adds to it is the launch: `glm53 doctor` before the start, `glm53 serve
+... --skip-preflight` (the settings were resolved by the same `resolve_launch` as `serve`), the API key and
+env file as systemd credentials (read by systemd itself, so they may be root-only or under /home), the
+checkpoint read-only, and the environment.
+
+Every value from the user is escaped for the directive it goes into: `%` for specifiers, `$` in command
+lines, quotes and backslashes; control characters are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from glm53.errors import BadInput, invalid_document
+from glm53.fsutil import parse_json
+from glm53.serve.resolve import ServeRequest, resolve_launch
+
+DATA_RESOURCE = "data/systemd-unit.json"
+UNIT_NAME = "glm53.service"
+# systemd's PATH for system services; the directory of glm53 goes first so that `vllm serve` is the one
+# installed next to it (the same virtual environment).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+# Invisible to the service: ProtectHome=true (inaccessible) and PrivateTmp=true (a private, empty /tmp).
+HIDDEN_ROOTS = {
+    "/home": "ProtectHome",
+    "/root": "ProtectHome",
+    "/run/user": "ProtectHome",
+    "/tmp": "PrivateTmp",
+    "/var/tmp": "PrivateTmp",
+}
+CREDENTIAL_API_KEY = "api-key"
+CREDENTIAL_ENV_FILE = "env-file"
+
+Value = str | int | bool | list[str]
+_DIRECTIVE = re.compile(r"[A-Z][A-Za-z0-9]*\Z")
+# Words that need no quotes in a unit file (after % and $ are doubled).
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class UnitData(BaseModel):
+    """The data file: directives by section, the service's environment, and the why of every loosening."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    about: str
+    unit: dict[str, Value]
+    service: dict[str, Value]
+    environment: dict[str, str]
+    install: dict[str, Value]
+    # Directives left at systemd's (weaker) default on purpose.
+    unset: list[str]
+    why: dict[str, str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> UnitData:
+        sections = {"unit": self.unit, "service": self.service, "install": self.install}
+        for name, section in sections.items():
+            for key in section:
+                if not _DIRECTIVE.match(key):
+                    raise ValueError(f"{name}: {key!r} is not a systemd directive name")
+        for key in self.unset:
+            if key in self.service:
+                raise ValueError(f"unset: {key} is also set in service")
+            if key not in self.why:
+                raise ValueError(f"unset: {key} has no why")
+        known = {*self.unit, *self.service, *self.install, *self.unset}
+        for key, reason in self.why.items():
+            if key not in known:
+                raise ValueError(f"why: {key} is neither set nor in unset")
+            if not reason.strip() or _CONTROL.search(reason):
+                raise ValueError(f"why: {key} must be one line of text")
+        for key, value in self.service.items():
+            if value is False and key not in self.why:
+                raise ValueError(f"service: {key}=false loosens the default hardening and has no why")
+        return self
+
+    def loosenings(self) -> dict[str, str]:
+        """Directive -> why, for every directive set to false or left at its default on purpose."""
+        keys = [key for key, value in self.service.items() if value is False] + self.unset
+        return {key: self.why[key] for key in keys}
+
+
+def load_unit_data(text: str | None = None) -> UnitData:
+    """The packaged data file (or `text`), validated; a broken file is BadInput naming it."""
+    source = f"glm53/{DATA_RESOURCE}"
+    if text is None:
+        text = resources.files("glm53").joinpath(DATA_RESOURCE).read_text(encoding="utf-8")
+    raw: Any = parse_json(text, what=source)
+    try:
+        return UnitData.model_validate(raw)
+    except ValidationError as exc:
+        raise invalid_document(exc, source, hint="restore the file from the glm53 package") from exc
+
+
+class UnitSettings(BaseModel):
+    """What a unit is rendered from; every path absolute, every value already checked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    profile: str
+    model_dir: Path
+    host: str
+    port: int
+    listen_all: bool = False
+    env_file: Path | None = None
+    api_key_file: Path | None = None
+    # The glm53 command ExecStartPre and ExecStart run.
+    glm53: Path
+    # Put first on the service's PATH: where `vllm` is installed next to glm53.
+    bin_dir: Path
+
+
+class UnitFile(BaseModel):
+    """A rendered unit: its directives by section as they appear in the file (escaped), and the text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = UNIT_NAME
+    sections: dict[str, dict[str, str | list[str]]]
+    text: str
+    warnings: list[str] = []
+
+
+def _hidden_by(path: Path) -> str | None:
+    posix = PurePosixPath(path)
+    for root, directive in HIDDEN_ROOTS.items():
+        if posix == PurePosixPath(root) or PurePosixPath(root) in posix.parents:
+            return f"{root} ({directive}=true)"
+    return None
+
+
+def _check_visible(path: Path, *, flag: str, hint: str) -> None:
+    hidden = _hidden_by(path)
+    if hidden is not None:
+        raise BadInput(f"{flag}: {path} is under {hidden}, which the service cannot see", hint=hint)
+
+
+def _check_text(value: str, *, flag: str) -> None:
+    if _CONTROL.search(value):
+        raise BadInput(f"{flag}: {value!r} contains a control character (newline, tab, ...)")
+
+
+def find_glm53(explicit: Path | None) -> Path:
+    """The glm53 executable the unit runs: --glm53, else the one on PATH."""
+    if explicit is None:
+        found = shutil.which("glm53")
+        if found is None:
+            raise BadInput("glm53 is not on PATH", hint="pass --glm53 /path/to/venv/bin/glm53")
+        explicit = Path(found)
+    path = Path(os.path.abspath(explicit))
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise BadInput(f"--glm53: {path} is not an executable file", hint="pass the glm53 of the installation")
+    return path
+
+
+def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[UnitSettings, list[str]]:
+    """Check a ServeRequest for a unit through `resolve_launch` (profile, env file, address rule, key file),
+    without planning and without needing the checkpoint yet. Returns the settings and what deserves a word."""
+    if req.model_dir is None:
+        raise BadInput("systemd-unit needs the model directory", hint="glm53 systemd-unit --model-dir DIR ...")
+    if req.set_values or req.plan_env is not None:
+        raise BadInput("--set and --plan-env are not part of a unit", hint="put the keys in an --env-file")
+    launch = resolve_launch(req, plan_here=False, need_model=False, environ={})
+    warnings = list(launch.warnings)
+
+    model_dir = req.model_dir.resolve()
+    _check_text(str(model_dir), flag="--model-dir")
+    _check_visible(
+        model_dir,
+        flag="--model-dir",
+        hint="move or copy the checkpoint to e.g. /srv/models (`glm53 model install`), then pass that directory",
+    )
+    if not model_dir.is_dir():
+        warnings.append(f"--model-dir: {model_dir} is not a directory yet; the service cannot start until it is")
+
+    exe = find_glm53(glm53)
+    bin_dir = exe.resolve().parent
+    for path, flag in ((exe, "--glm53"), (bin_dir, "--glm53 (resolved)")):
+        _check_text(str(path), flag=flag)
+        _check_visible(
+            path,
+            flag=flag,
+            hint="install glm53 (and vLLM) outside /home and /tmp, e.g. a virtual environment in /opt/glm53",
+        )
+
+    files: dict[str, Path | None] = {"--env-file": req.env_file, "--api-key-file": req.api_key_file}
+    resolved: dict[str, Path | None] = {}
+    for flag, file in files.items():
+        resolved[flag] = file.resolve() if file is not None else None
+        if file is not None:
+            _check_text(str(resolved[flag]), flag=flag)
+            if str(resolved[flag]) != str(resolved[flag]).strip():
+                raise BadInput(f"{flag}: {resolved[flag]!r} starts or ends with white space")
+    settings = UnitSettings(
+        profile=req.profile,
+        model_dir=model_dir,
+        host=req.host,
+        port=req.port,
+        listen_all=req.listen_all,
+        env_file=resolved["--env-file"],
+        api_key_file=resolved["--api-key-file"],
+        glm53=exe,
+        bin_dir=bin_dir,
+    )
+    return settings, warnings
+
+
+# --- escaping -----------------------------------------------------------------------------------------------
+
+
+class Raw(str):
+    """A word written into the unit as it is: it uses a specifier on purpose (`%d/api-key`)."""
+
+
+def escape_specifiers(text: str) -> str:
+    return text.replace("%", "%%")
+
+
+def quote_word(word: str, *, command: bool = False) -> str:
+    """One word of a directive that splits words (ExecStart=, ReadOnlyPaths=, Environment=): specifiers
+    escaped, `$` doubled in command lines, quoted when it is not plain."""
+    if isinstance(word, Raw):
+        return str(word)
+    _check_text(word, flag="unit value")
+    text = escape_specifiers(word)
+    if command:
+        text = text.replace("$", "$$")
+    if _PLAIN_WORD.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def command_line(argv: list[str]) -> str:
+    """argv as an ExecStart= value: each word quoted for systemd, never through a shell."""
+    return " ".join(quote_word(word, command=True) for word in argv)
+
+
+def _scalar(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _values(value: Value) -> str | list[str]:
+    return [_scalar(item) for item in value] if isinstance(value, list) else _scalar(value)
+
+
+# --- rendering ----------------------------------------------------------------------------------------------
+
+
+def exec_argvs(settings: UnitSettings) -> tuple[list[str], list[str]]:
+    """The ExecStartPre (doctor) and ExecStart (serve) argv, the address arguments as lib.nix's serveArgs."""
+    exe = str(settings.glm53)
+    address = ["--host", settings.host, "--port", str(settings.port)]
+    doctor = [exe, "doctor", "--profile", settings.profile, "--model-dir", str(settings.model_dir), *address]
+    serve = [exe, "serve", "--profile", settings.profile, "--model-dir", str(settings.model_dir)]
+    if settings.env_file is not None:
+        serve += ["--env-file", Raw(f"%d/{CREDENTIAL_ENV_FILE}")]
+    serve += address
+    if settings.listen_all:
+        serve.append("--listen-all")
+    if settings.api_key_file is not None:
+        serve += ["--api-key-file", Raw(f"%d/{CREDENTIAL_API_KEY}")]
+    serve.append("--skip-preflight")
+    return doctor, serve
+
+
+def launch_directives(settings: UnitSettings, data: UnitData) -> dict[str, str | list[str]]:
+    """The directives a unit adds to the data file's hardening: the commands, credentials, environment."""
+    doctor, serve = exec_argvs(settings)
+    directives: dict[str, str | list[str]] = {
+        "ExecStartPre": command_line(doctor),
+        "ExecStart": command_line(serve),
+    }
+    credentials = []
+    if settings.api_key_file is not None:
+        credentials.append(f"{CREDENTIAL_API_KEY}:{escape_specifiers(str(settings.api_key_file))}")
+    if settings.env_file is not None:
+        credentials.append(f"{CREDENTIAL_ENV_FILE}:{escape_specifiers(str(settings.env_file))}")
+    if credentials:
+        directives["LoadCredential"] = credentials
+    environment = {"PATH": f"{settings.bin_dir}:{SYSTEM_PATH}", **data.environment}
+    directives["Environment"] = [quote_word(f"{key}={value}") for key, value in environment.items()]
+    directives["ReadOnlyPaths"] = quote_word(str(settings.model_dir))
+    return directives
+
+
+def _lines(directives: dict[str, str | list[str]], why: dict[str, str] | None = None) -> list[str]:
+    lines: list[str] = []
+    for key, value in directives.items():
+        if why and key in why:
+            lines.append(f"# {why[key]}")
+        for item in value if isinstance(value, list) else [value]:
+            lines.append(f"{key}={item}")
+    return lines
+
+
+def render_unit(settings: UnitSettings, data: UnitData, *, warnings: list[str] | None = None) -> UnitFile:
+    """The complete unit file for `settings`, its hardening and limits from `data`."""
+    unit: dict[str, str | list[str]] = {
+        "Description": escape_specifiers(f"GLM-5.3-Flash server (glm53, profile {settings.profile})"),
+    }
+    unit |= {key: _values(value) for key, value in data.unit.items()}
+    service = launch_directives(settings, data) | {key: _values(value) for key, value in data.service.items()}
+    install = {key: _values(value) for key, value in data.install.items()}
+    sections = {"Unit": unit, "Service": service, "Install": install}
+
+    out = [
+        f"# {UNIT_NAME}: rendered by `glm53 systemd-unit --profile {settings.profile}`; render it again rather",
+        "# than editing it. Hardening and limits: glm53/data/systemd-unit.json (shared with the NixOS module).",
+        "",
+        "[Unit]",
+        *_lines(unit, data.why),
+        "",
+        "[Service]",
+        *_lines(service, data.why),
+    ]
+    if data.unset:
+        out.append("# Left at their defaults on purpose:")
+        out += [f"#   {key}: {data.why[key]}" for key in data.unset]
+    out += ["", "[Install]", *_lines(install, data.why), ""]
+    return UnitFile(sections=sections, text="\n".join(out), warnings=list(warnings or []))
+
+
+__all__ = [
+    "UNIT_NAME",
+    "Raw",
+    "UnitData",
+    "UnitFile",
+    "UnitSettings",
+    "command_line",
+    "exec_argvs",
+    "find_glm53",
+    "load_unit_data",
+    "quote_word",
+    "render_unit",
+    "unit_settings",
+]

@@ -56,7 +56,7 @@ def test_help_lists_every_command_module() -> None:
 
     result = run_glm53("--help")
     assert result.code == 0
-    listed = set(re.findall(r"^│ ([\w-]+) ", result.stdout, flags=re.MULTILINE))
+    listed = set(re.findall(r"^│ (\w[\w-]*) ", result.stdout, flags=re.MULTILINE))
     present = set()
     for info in pkgutil.iter_modules(glm53.cli.__path__):
         module = importlib.import_module(f"glm53.cli.{info.name}")

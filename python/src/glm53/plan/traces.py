@@ -15,32 +15,54 @@ Counts carry popularity only (no order in time), so they can rank experts but ca
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from glm53.errors import BadInput, invalid_document
-from glm53.fsutil import atomic_write_bytes, atomic_write_json, read_json
+from glm53.fsutil import MAX_INPUT_BYTES, atomic_write_bytes, atomic_write_json, parse_json, read_bytes_bounded
 from glm53.host.topology import parse_cpu_list
 
 TRACE_FORMAT = "glm53-routing-trace"
 COUNTS_FORMAT = "glm53-routing-counts"
 FORMAT_VERSION = 1
+MAX_EXPERTS = 32767  # expert ids are stored as int16
+MAX_LAYER_ID = 65535
+MAX_COUNT = 1 << 53  # counts and token totals: exact in a float, and 32767 of them sum within int64
+# A trace is read whole into memory; 1 GiB is about 200,000 steps of GLM-5.3-Flash's shape (42 layers x top-8).
+MAX_TRACE_BYTES = 1 << 30
+# Synthetic traces: expert ids written (steps x layers x top_k), and per layer the steps x experts race keys.
+MAX_SYNTH_IDS = 1 << 26
+MAX_SYNTH_KEYS = 1 << 28
+_TRACE_HINT = "see docs/plan.md for the trace format; `glm53 plan trace synth` writes a valid one"
+
+LayerId = Annotated[int, Field(ge=0, le=MAX_LAYER_ID)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 
 class TraceHeader(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     format: str
     version: int
-    layers: list[int] = Field(min_length=1)
-    experts: int = Field(gt=0, le=32767)
+    layers: list[LayerId] = Field(min_length=1)
+    experts: int = Field(gt=0, le=MAX_EXPERTS)
     top_k: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TraceHeader:
+        if len(set(self.layers)) != len(self.layers):
+            raise ValueError("layers lists a layer twice")
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k {self.top_k} exceeds the {self.experts} experts")
+        return self
 
 
 @dataclass(frozen=True)
@@ -87,13 +109,22 @@ class RoutingTrace:
 
 
 class RoutingCounts(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a count of "12", true or 1.5 is a mistake in the file, not a number to coerce.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     format: str = COUNTS_FORMAT
     version: int = FORMAT_VERSION
-    experts: int = Field(gt=0)
-    tokens: int = Field(ge=0)
-    layers: dict[str, list[int]]
+    experts: int = Field(gt=0, le=MAX_EXPERTS)
+    tokens: Count
+    layers: dict[str, list[Count]]
+
+    @field_validator("layers")
+    @classmethod
+    def _layer_keys(cls, value: dict[str, list[int]]) -> dict[str, list[int]]:
+        for key in value:
+            if not (key.isascii() and key.isdigit() and str(int(key)) == key and int(key) <= MAX_LAYER_ID):
+                raise ValueError(f'layer key {key[:20]!r} is not a layer number such as "3"')
+        return value
 
     def matrix(self, layers: Sequence[int]) -> NDArray[np.int64]:
         out = np.zeros((len(layers), self.experts), dtype=np.int64)
@@ -104,67 +135,89 @@ class RoutingCounts(BaseModel):
 
 
 def _bad_trace(path: Path, line: int, problem: str) -> BadInput:
-    return BadInput(
-        f"routing trace {path}, line {line}: {problem}",
-        hint="see docs/plan.md for the trace format; `glm53 plan trace synth` writes a valid one",
-    )
+    return BadInput(f"routing trace {path}, line {line}: {problem}", hint=_TRACE_HINT)
 
 
 def read_trace(path: Path) -> RoutingTrace:
     path = Path(path)
+    return _parse_trace(path, read_bytes_bounded(path, what="routing trace", max_bytes=MAX_TRACE_BYTES))
+
+
+def _parse_header(path: Path, first: bytes) -> TraceHeader:
+    raw = parse_json(first, what=f"routing trace {path}, line 1", hint=_TRACE_HINT)
     try:
-        handle = path.open("rb")
-    except FileNotFoundError as exc:
-        raise BadInput(f"routing trace not found: {path}") from exc
-    except OSError as exc:
-        raise BadInput(f"cannot read routing trace {path}: {exc.strerror}") from exc
-    with handle:
-        first = handle.readline()
-        try:
-            header = TraceHeader.model_validate_json(first)
-        except ValidationError as exc:
-            raise _bad_trace(path, 1, f"not a trace header ({exc.errors()[0]['msg']})") from exc
-        if header.format != TRACE_FORMAT or header.version != FORMAT_VERSION:
-            raise _bad_trace(
-                path,
-                1,
-                f"format {header.format!r} version {header.version} is not {TRACE_FORMAT!r} version {FORMAT_VERSION}",
-            )
-        rows: list[list[list[int]]] = []
-        for number, raw in enumerate(handle, start=2):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-                experts = record["experts"]
-            except (json.JSONDecodeError, TypeError, KeyError) as exc:
-                raise _bad_trace(path, number, 'expected {"step": N, "experts": [[...], ...]}') from exc
-            rows.append(experts)
+        header = TraceHeader.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise _bad_trace(path, 1, f"not a trace header ({where + ': ' if where else ''}{error['msg']})") from exc
+    if header.format != TRACE_FORMAT or header.version != FORMAT_VERSION:
+        raise _bad_trace(
+            path,
+            1,
+            f"format {header.format!r} version {header.version} is not {TRACE_FORMAT!r} version {FORMAT_VERSION}",
+        )
+    return header
+
+
+def _not_an_id(value: Any) -> bool:
+    return type(value) is not int  # bool is a subclass of int: true is not expert 1
+
+
+def _first_non_id(experts: list[Any]) -> tuple[bool, Any]:
+    """(True, the first item of a step's lists that is not an integer: a float, string, bool, null, ...), or
+    (False, None) when every item is one."""
+    for ids in experts:
+        for value in ids if isinstance(ids, list) else [ids]:
+            if _not_an_id(value):
+                return True, value
+    return False, None
+
+
+def _step_row(path: Path, number: int, raw: bytes, header: TraceHeader) -> NDArray[np.int16]:
+    """One step line as a (layers, top_k) array of valid expert ids; every problem names this line."""
+    record = parse_json(raw, what=f"routing trace {path}, line {number}", hint=_TRACE_HINT)
+    experts = record.get("experts") if isinstance(record, dict) else None
+    if not isinstance(experts, list):
+        raise _bad_trace(path, number, 'expected {"step": N, "experts": [[...], ...]}')
+    shape = (len(header.layers), header.top_k)
+    try:
+        row = np.array(experts)
+    except (ValueError, TypeError):  # ragged lists
+        row = None
+    if row is None or row.ndim != 2 or row.shape != shape:
+        if row is None or row.ndim != 2 or row.dtype.kind not in "iub":
+            found, bad = _first_non_id(experts)
+            if found and not isinstance(bad, list):
+                raise _bad_trace(path, number, f"expert id {json.dumps(bad)[:40]} is not an integer")
+        got = f"shape {list(row.shape)}" if row is not None else "lists of different lengths"
+        raise _bad_trace(path, number, f"steps must hold {shape[0]} lists of {shape[1]} ids, got {got}")
+    # numpy turns true into 1 within integers; the raw line tells whether any boolean is there at all.
+    if row.dtype.kind != "i" or b"true" in raw or b"false" in raw:
+        found, bad = _first_non_id(experts)
+        if found:
+            raise _bad_trace(path, number, f"expert id {json.dumps(bad)[:40]} is not an integer")
+    outside = (row < 0) | (row >= header.experts) if row.dtype.kind == "i" else None
+    if outside is None or outside.any():
+        value = next(v for ids in experts for v in ids if not 0 <= v < header.experts)
+        raise _bad_trace(path, number, f"expert id {value} outside 0..{header.experts - 1}")
+    ordered = np.sort(row, axis=1)
+    dup = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+    if dup.size:
+        raise _bad_trace(path, number, f"layer {header.layers[int(dup[0])]} lists an expert twice")
+    return row.astype(np.int16)
+
+
+def _parse_trace(path: Path, data: bytes) -> RoutingTrace:
+    lines = io.BytesIO(data)
+    header = _parse_header(path, lines.readline())
+    rows: list[NDArray[np.int16]] = []
+    for number, raw in enumerate(lines, start=2):
+        if raw.strip():
+            rows.append(_step_row(path, number, raw, header))
     if not rows:
         raise _bad_trace(path, 1, "the trace has a header but no steps")
-    try:
-        routes = np.asarray(rows, dtype=np.int64)
-    except (ValueError, TypeError) as exc:
-        raise _bad_trace(path, 2, "every step needs one list of top_k ids per layer") from exc
-    return _validated(path, header, routes)
-
-
-def _validated(path: Path, header: TraceHeader, routes: NDArray[np.int64]) -> RoutingTrace:
-    shape = (len(header.layers), header.top_k)
-    if routes.ndim != 3 or routes.shape[1:] != shape:
-        raise _bad_trace(
-            path, 2, f"steps must hold {shape[0]} lists of {shape[1]} ids, got shape {list(routes.shape[1:])}"
-        )
-    bad = np.argwhere((routes < 0) | (routes >= header.experts))
-    if bad.size:
-        step = int(bad[0][0])
-        raise _bad_trace(path, step + 2, f"expert id {int(routes[tuple(bad[0])])} outside 0..{header.experts - 1}")
-    ordered = np.sort(routes, axis=2)
-    dup = np.argwhere(ordered[:, :, 1:] == ordered[:, :, :-1])
-    if dup.size:
-        step, layer = int(dup[0][0]), header.layers[int(dup[0][1])]
-        raise _bad_trace(path, step + 2, f"layer {layer} lists an expert twice")
-    return RoutingTrace(tuple(header.layers), header.experts, header.top_k, routes.astype(np.int16))
+    return RoutingTrace(tuple(header.layers), header.experts, header.top_k, np.stack(rows))
 
 
 def write_trace(path: Path, trace: RoutingTrace) -> None:
@@ -182,7 +235,12 @@ def write_trace(path: Path, trace: RoutingTrace) -> None:
 
 
 def read_counts(path: Path) -> RoutingCounts:
-    raw = read_json(path, what="routing counts")
+    path = Path(path)
+    return _parse_counts(path, read_bytes_bounded(path, what="routing counts"))
+
+
+def _parse_counts(path: Path, data: bytes) -> RoutingCounts:
+    raw = parse_json(data, what=f"routing counts {path}", hint="see docs/plan.md for the counts format")
     try:
         counts = RoutingCounts.model_validate(raw)
     except ValidationError as exc:
@@ -201,16 +259,14 @@ def write_counts(path: Path, counts: RoutingCounts) -> None:
 
 def read_routing_stats(path: Path) -> RoutingTrace | RoutingCounts:
     """A trace (JSONL) or a counts file (JSON), told apart by the format field of the first line."""
-    try:
-        with Path(path).open("rb") as handle:
-            first = handle.readline(1 << 20)
-    except FileNotFoundError as exc:
-        raise BadInput(f"routing statistics not found: {path}") from exc
-    except OSError as exc:
-        raise BadInput(f"cannot read routing statistics {path}: {exc.strerror}") from exc
+    path = Path(path)
+    data = read_bytes_bounded(path, what="routing statistics", max_bytes=MAX_TRACE_BYTES)
+    first = data[: data.find(b"\n") if b"\n" in data[: 1 << 20] else 1 << 20]
     if TRACE_FORMAT.encode() in first:
-        return read_trace(path)
-    return read_counts(path)
+        return _parse_trace(path, data)
+    if len(data) > MAX_INPUT_BYTES:
+        raise BadInput(f"routing counts: {path} is {len(data):,} bytes, more than the {MAX_INPUT_BYTES:,} this takes")
+    return _parse_counts(path, data)
 
 
 # --- synthetic traces ---------------------------------------------------------------------------------------
@@ -223,13 +279,13 @@ class SyntheticTraceSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     layers: tuple[int, ...] = tuple(range(3, 45))
-    experts: int = Field(default=288, gt=0, le=32767)
+    experts: int = Field(default=288, gt=0, le=MAX_EXPERTS)
     top_k: int = Field(default=8, gt=0)
     steps: int = Field(default=20_000, gt=1)
-    locality: float = Field(default=0.3, ge=0.0, lt=1.0)
-    skew_min: float = Field(default=0.4, ge=0.0)
-    skew_max: float = Field(default=1.2, ge=0.0)
-    seed: int = 0
+    locality: float = Field(default=0.3, ge=0.0, lt=1.0, allow_inf_nan=False)
+    skew_min: float = Field(default=0.4, ge=0.0, le=100.0, allow_inf_nan=False)
+    skew_max: float = Field(default=1.2, ge=0.0, le=100.0, allow_inf_nan=False)
+    seed: int = Field(default=0, ge=0)  # numpy's generators take non-negative seeds
 
 
 def parse_layers(text: str, *, flag: str = "--layers") -> tuple[int, ...]:
@@ -245,6 +301,13 @@ def synthesize_trace(spec: SyntheticTraceSpec) -> RoutingTrace:
         raise BadInput(f"top_k {spec.top_k} exceeds the {spec.experts} experts")
     if spec.skew_max < spec.skew_min:
         raise BadInput(f"skew range [{spec.skew_min}, {spec.skew_max}] runs backwards")
+    ids = spec.steps * len(spec.layers) * spec.top_k
+    if ids > MAX_SYNTH_IDS or spec.steps * spec.experts > MAX_SYNTH_KEYS:
+        raise BadInput(
+            f"{spec.steps:,} steps x {len(spec.layers)} layers x top-{spec.top_k} of {spec.experts} experts is "
+            f"too large to synthesize (at most {MAX_SYNTH_IDS:,} ids and {MAX_SYNTH_KEYS:,} steps x experts)",
+            hint="use fewer --steps",
+        )
     rng = np.random.default_rng(spec.seed)
     routes = np.empty((spec.steps, len(spec.layers), spec.top_k), dtype=np.int16)
     skews = rng.uniform(spec.skew_min, spec.skew_max, size=len(spec.layers))
@@ -290,6 +353,7 @@ def _make_distinct(rows: NDArray[np.int64], fresh: NDArray[np.int64]) -> NDArray
 __all__ = [
     "COUNTS_FORMAT",
     "FORMAT_VERSION",
+    "MAX_TRACE_BYTES",
     "TRACE_FORMAT",
     "RoutingCounts",
     "RoutingTrace",

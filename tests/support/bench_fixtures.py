@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -46,3 +47,113 @@ def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def vllm_completion_event(request_id: str, created: int, model: str, text: str, finish: str | None) -> bytes:
+    """One `/v1/completions` stream event exactly as vLLM's OpenAI server writes it."""
+    event = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+        "usage": None,
+    }
+    return b"data: " + json.dumps(event, separators=(", ", ": ")).encode() + b"\n\n"
+
+
+def vllm_usage_event(request_id: str, created: int, model: str, prompt: int, completion: int) -> bytes:
+    event = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion},
+    }
+    return b"data: " + json.dumps(event, separators=(", ", ": ")).encode() + b"\n\n"
+
+
+class VllmLikeHandler(QuietHandler):
+    """A stand-in vLLM: /v1/models, /tokenize, /metrics (the engine's counters and timing histograms) and
+    streamed /v1/completions that decode one token every `token_gap_s`. With `burst`, the server decodes at
+    that pace but holds every event back and releases the whole stream at once at the end (what a buffering
+    proxy, or a server under some loads, does); its /metrics still tell the engine's true timings."""
+
+    model = "stand-in"
+    max_model_len = 4096
+    token_gap_s = 0.003
+    burst = False
+    api_key: str | None = None
+    lock = threading.Lock()
+    counters: ClassVar[dict[str, float]] = {}
+
+    @classmethod
+    def reset(cls, *, burst: bool = False, token_gap_s: float = 0.003, api_key: str | None = None) -> None:
+        cls.burst, cls.token_gap_s, cls.api_key = burst, token_gap_s, api_key
+        cls.counters = {
+            "vllm:prompt_tokens_total": 0.0,
+            "vllm:generation_tokens_total": 0.0,
+            "vllm:num_preemptions_total": 0.0,
+            "vllm:request_decode_time_seconds_sum": 0.0,
+            "vllm:request_decode_time_seconds_count": 0.0,
+            "vllm:time_to_first_token_seconds_sum": 0.0,
+            "vllm:time_to_first_token_seconds_count": 0.0,
+        }
+
+    def _authorized(self) -> bool:
+        if self.api_key is None or self.headers.get("Authorization") == f"Bearer {self.api_key}":
+            return True
+        self._json(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": self.model, "max_model_len": self.max_model_len}]})
+        elif self.path == "/metrics":
+            with self.lock:
+                text = "".join(f"{name} {value}\n" for name, value in self.counters.items())
+            self._send(200, text.encode(), "text/plain; version=0.0.4")
+        else:
+            self._json(404, {"error": {"message": "not here"}})
+
+    def do_POST(self) -> None:
+        if not self._authorized():
+            return
+        body = self._read_json()
+        if self.path == "/tokenize":
+            self._send_char_tokens(body["prompt"])
+            return
+        n, prompt = int(body["max_tokens"]), len(body["prompt"])
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.end_headers()
+        started = time.perf_counter()
+        held: list[bytes] = []
+        first_token = last_token = started
+        for i in range(n):
+            time.sleep(self.token_gap_s)
+            last_token = time.perf_counter()
+            if i == 0:
+                first_token = last_token
+            event = vllm_completion_event("cmpl-1", 1, self.model, "a", "length" if i == n - 1 else None)
+            if self.burst:
+                held.append(event)
+            else:
+                self._chunk(event)
+        with self.lock:
+            counters = type(self).counters
+            counters["vllm:prompt_tokens_total"] += prompt
+            counters["vllm:generation_tokens_total"] += n
+            counters["vllm:request_decode_time_seconds_sum"] += last_token - first_token
+            counters["vllm:request_decode_time_seconds_count"] += 1
+            counters["vllm:time_to_first_token_seconds_sum"] += first_token - started
+            counters["vllm:time_to_first_token_seconds_count"] += 1
+        tail = vllm_usage_event("cmpl-1", 1, self.model, prompt, n) + b"data: [DONE]\n\n"
+        self._chunk(b"".join(held) + tail)  # then the connection closes (HTTP/1.0), as the stream's end
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()

@@ -27,6 +27,7 @@ from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.stream import StreamOutcome, decode_rate
+from glm53.bench.timing import implausible_timing
 from glm53.errors import BadInput, CheckFailed, invalid_document
 from glm53.fsutil import read_json
 
@@ -167,6 +168,9 @@ class TurnRecord(BaseModel):
     finish_reason: str | None = None
     error: str | None = None
     metrics: MetricsDelta | None = None
+    decode_rejected: str | None = Field(
+        None, description="why this turn's decode rate is left out of the session's (timing no engine produces)"
+    )
 
 
 class AgentSection(BaseModel):
@@ -181,7 +185,9 @@ class AgentSection(BaseModel):
         None, description="median over turns in which the model itself called a tool"
     )
     mean_decode_tok_s: float | None = None
+    median_decode_tok_s: float | None = None
     model_tool_calls: int = 0
+    complete: bool = Field(True, description="False in a report written while turns were still to come")
 
 
 class ChatStreamer(Protocol):
@@ -209,8 +215,10 @@ def run_agent(
     system_tokens: int = 2048,
     max_tokens: int = 1024,
     on_turn: Callable[[TurnRecord], None] | None = None,
+    on_section: Callable[[AgentSection], None] | None = None,
 ) -> AgentSection:
-    """Every task of `script` (default: the packaged tasks) in order, one streamed request per step."""
+    """Every task of `script` (default: the packaged tasks) in order, one streamed request per step;
+    `on_section` gets the session so far after each turn (`complete` False)."""
     script = script if script is not None else load_script()
     tools = script.tool_schemas()
     salt = secrets.token_hex(16)
@@ -238,10 +246,16 @@ def run_agent(
                 "return_token_ids": True,
             }
             outcome = client.stream("/v1/chat/completions", body)
-            record = _turn_record(task.name, number, step, outcome, diff_metrics(before, snapshot(client)))
+            after = snapshot(client)
+            record = _turn_record(task.name, number, step, outcome, diff_metrics(before, after))
             turns.append(record)
             if on_turn is not None:
                 on_turn(record)
+            if on_section is not None:
+                partial = summarize(
+                    script.tasks, system_tokens, max_tokens, turns, diff_metrics(start, after), complete=False
+                )
+                on_section(partial)
             messages.extend(_feed_back(task.name, number, step, outcome))
     total = diff_metrics(start, snapshot(client))
     return summarize(script.tasks, system_tokens, max_tokens, turns, total)
@@ -253,10 +267,12 @@ def summarize(
     max_tokens: int,
     turns: list[TurnRecord],
     total: MetricsDelta | None,
+    *,
+    complete: bool = True,
 ) -> AgentSection:
     ok = [t for t in turns if t.error is None and t.latency_s is not None]
     tool_turns = [t.latency_s for t in ok if t.model_tool_call and t.latency_s is not None]
-    decodes = [t.decode_tok_s for t in ok if t.decode_tok_s is not None]
+    decodes = [t.decode_tok_s for t in ok if t.decode_tok_s is not None and t.decode_rejected is None]
     rate = total.prefix_cache_hit_rate if total is not None else None
     return AgentSection(
         tasks=[task.name for task in tasks],
@@ -268,7 +284,9 @@ def summarize(
         median_turn_latency_s=statistics.median([t.latency_s for t in ok if t.latency_s is not None]) if ok else None,
         median_tool_call_turn_latency_s=statistics.median(tool_turns) if tool_turns else None,
         mean_decode_tok_s=statistics.fmean(decodes) if decodes else None,
+        median_decode_tok_s=statistics.median(decodes) if decodes else None,
         model_tool_calls=sum(1 for t in turns if t.model_tool_call),
+        complete=complete,
     )
 
 
@@ -290,6 +308,7 @@ def _turn_record(task: str, number: int, step: Step, outcome: StreamOutcome, del
         finish_reason=outcome.finish_reasons[0] if outcome.finish_reasons else None,
         error=error,
         metrics=delta,
+        decode_rejected=implausible_timing(outcome, delta) if outcome.error is None and usage else None,
     )
 
 

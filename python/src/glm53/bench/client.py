@@ -1,24 +1,41 @@
 """HTTP edge of the benchmark: the OpenAI-compatible endpoints of a vLLM server, through httpx.
 
-Streaming requests never raise for what the server does (status codes, drops, timeouts, bad events):
-those come back inside a `StreamOutcome`. Setup calls (`/tokenize`, `/v1/models`) raise `CheckFailed`,
-since nothing can be measured without them.
+Streaming requests never raise for what the server does (status codes, drops, timeouts, bad events, events
+that never end, streams that never stop): those come back inside a `StreamOutcome`; non-streamed quality
+requests come back as an error text. Setup calls (`/tokenize`, `/v1/models`) raise `CheckFailed` (or
+`Unavailable` when the server cannot be reached), since nothing can be measured without them.
+
+Every body read is bounded: a server cannot fill this host's memory with one endless answer or event.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
-from glm53.bench.sse import SSEParser
+from glm53.bench.sse import EventTooLarge, SSEParser
 from glm53.bench.stream import StreamAccumulator, StreamOutcome
 from glm53.errors import BadInput, CheckFailed, Unavailable
+from glm53.fsutil import parse_json
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+# One streamed event of a completion is a token or a usage object (a few hundred bytes; with token ids and
+# logprobs a few KiB). 16 MiB is no event a server should send.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+# A whole stream, and a whole non-streamed answer (a 260K-token chat answer is a few MiB).
+MAX_STREAM_BYTES = 1024 * 1024 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024
+# Events carrying tokens beyond max_tokens x n: allowance for a final event that carries only the finish reason.
+_EXTRA_TOKEN_EVENTS = 16
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class ServerInfo(BaseModel):
@@ -41,13 +58,27 @@ class BenchClient:
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise BadInput(f"--base-url {base_url!r} is not an http(s) URL", hint="e.g. http://127.0.0.1:8000")
+        try:
+            httpx.URL(base_url)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise BadInput(
+                f"--base-url {base_url!r} is not a valid URL: {exc}", hint="e.g. http://127.0.0.1:8000"
+            ) from exc
+        if api_key is not None and not _header_safe(api_key):
+            raise BadInput(
+                "the API key holds characters an HTTP header cannot carry (whitespace, control or non-ASCII)",
+                hint="check the key (--api-key-file, GLM53_API_KEY, OPENAI_API_KEY or --api-key)",
+            )
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # The read timeout bounds the silence between two chunks; a 260K prompt's prefill can be
         # several minutes of silence, hence the long default.
         timeout = httpx.Timeout(connect=10.0, read=timeout_s, write=120.0, pool=30.0)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, transport=transport)
+        try:
+            self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, transport=transport)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise BadInput(f"--base-url {base_url!r} is not a valid URL: {exc}") from exc
 
     def __enter__(self) -> BenchClient:
         return self
@@ -70,6 +101,8 @@ class BenchClient:
             names = ", ".join(str(m.get("id")) for m in entries if isinstance(m, dict))
             raise BadInput(f"--model {model!r} is not served at {self.base_url}", hint=f"served: {names}")
         chosen = chosen or entries[0]
+        if not isinstance(chosen, dict):
+            raise CheckFailed(f"{self.base_url}/v1/models lists a model that is not an object")
         max_len = chosen.get("max_model_len")
         version: str | None = None
         try:
@@ -80,8 +113,11 @@ class BenchClient:
         return ServerInfo(
             base_url=self.base_url,
             model=str(chosen.get("id")),
-            max_model_len=int(max_len) if isinstance(max_len, int) else None,
-            vllm_version=version,
+            # A length that is not a positive integer (a bool, a float, 0, 10**20) is not one: unknown.
+            max_model_len=max_len
+            if isinstance(max_len, int) and not isinstance(max_len, bool) and 0 < max_len < 2**53
+            else None,
+            vllm_version=version[:200] if version is not None else None,
         )
 
     def tokenize(self, model: str, text: str) -> list[int]:
@@ -93,12 +129,13 @@ class BenchClient:
         return tokens
 
     def metrics_text(self) -> str | None:
-        """The Prometheus exposition of `/metrics`, or None when the server does not offer it."""
+        """The Prometheus exposition of `/metrics`, or None when the server does not offer it (or answers
+        something unreadable or huge)."""
         try:
-            response = self._http.get("/metrics")
-        except httpx.HTTPError:
+            status, raw = self._request("GET", "/metrics")
+        except (httpx.HTTPError, _TooLarge):
             return None
-        return response.text if response.status_code == 200 else None
+        return raw.decode("utf-8", "replace") if status == 200 else None
 
     # -- streamed generation --------------------------------------------------------------------------------
 
@@ -106,8 +143,8 @@ class BenchClient:
         """POST `body` with streaming on and time every event; never raises for server behaviour."""
         content = json.dumps({**body, "stream": True}, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        parser = SSEParser()
-        events = StreamAccumulator()
+        parser = SSEParser(max_event_bytes=MAX_EVENT_BYTES)
+        events = StreamAccumulator(max_token_events=_token_event_limit(body))
         status: int | None = None
         clock = time.perf_counter
         started = clock()
@@ -115,68 +152,124 @@ class BenchClient:
             with self._http.stream("POST", path, content=content, headers=headers) as response:
                 status = response.status_code
                 if status >= 400:
-                    response.read()
-                    events.fail(f"HTTP {status}: {_error_text(response)}")
+                    raw = _read_bounded(response.iter_bytes(), MAX_BODY_BYTES)
+                    events.fail(f"HTTP {status}: {_error_text(raw, response.reason_phrase)}")
+                elif (kind := response.headers.get("content-type", "event-stream")) and "event-stream" not in kind:
+                    raw = _read_bounded(response.iter_bytes(), MAX_BODY_BYTES)
+                    events.fail(f"HTTP {status} answered {kind[:60]}, not an event stream: {_error_text(raw, '')}")
                 else:
-                    for chunk in response.iter_bytes():
-                        events.feed(parser.feed(chunk), clock() - started)
-                    events.feed(parser.close(), clock() - started)
+                    self._consume(response, parser, events, started)
         except httpx.TimeoutException as exc:
             events.fail(f"timed out after {self.timeout_s:g} s without data ({type(exc).__name__})")
         except httpx.HTTPError as exc:
-            events.fail(f"connection failed: {type(exc).__name__}: {exc}")
+            events.fail(f"connection failed: {type(exc).__name__}: {str(exc)[:300]}")
+        except EventTooLarge as exc:
+            events.fail(f"malformed stream: {exc}")
+        except _TooLarge as exc:
+            events.fail(str(exc))
+        except Exception as exc:  # whatever else the server's bytes provoke: an invalid run, never a crash
+            events.fail(f"stream could not be read: {type(exc).__name__}: {str(exc)[:200]}")
         return events.outcome(end_s=clock() - started, http_status=status)
+
+    def _consume(self, response: httpx.Response, parser: SSEParser, events: StreamAccumulator, started: float) -> None:
+        """Feed the stream's events until it ends or is broken. Data that never completes an event (keep-alive
+        comments forever) is a silence as long as --timeout; a stream past MAX_STREAM_BYTES is given up."""
+        clock = time.perf_counter
+        received = 0
+        last_event = clock()
+        for chunk in response.iter_bytes():
+            now = clock()
+            received += len(chunk)
+            if received > MAX_STREAM_BYTES:
+                raise _TooLarge(f"stream longer than {MAX_STREAM_BYTES:,} bytes: given up")
+            payloads = parser.feed(chunk)
+            if payloads:
+                last_event = now
+                events.feed(payloads, now - started)
+            elif now - last_event > self.timeout_s:
+                events.fail(f"timed out after {self.timeout_s:g} s without an event (only keep-alive data)")
+            if events.failed:
+                return
+        events.feed(parser.close(), clock() - started)
 
     def post_json(self, path: str, body: dict[str, Any]) -> tuple[int | None, Any, str | None]:
         """Non-streamed POST for quality gates: (status, JSON body or None, error text or None)."""
         try:
-            response = self._http.post(path, json=body)
+            status, raw = self._request("POST", path, json=body)
         except httpx.TimeoutException:
             return None, None, f"timed out after {self.timeout_s:g} s"
         except httpx.HTTPError as exc:
-            return None, None, f"connection failed: {type(exc).__name__}: {exc}"
-        if response.status_code >= 400:
-            return response.status_code, None, f"HTTP {response.status_code}: {_error_text(response)}"
+            return None, None, f"connection failed: {type(exc).__name__}: {str(exc)[:300]}"
+        except _TooLarge as exc:
+            return None, None, str(exc)
+        if status >= 400:
+            return status, None, f"HTTP {status}: {_error_text(raw, '')}"
         try:
-            return response.status_code, response.json(), None
-        except ValueError:
-            return response.status_code, None, "response is not JSON"
+            return status, parse_json(raw, what="the response"), None
+        except BadInput as exc:
+            return status, None, f"response is not JSON ({exc.message[:200]})"
 
     # -- helpers ------------------------------------------------------------------------------------------
 
+    def _request(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes]:
+        """(status, body) with the body read up to MAX_BODY_BYTES (_TooLarge beyond)."""
+        with self._http.stream(method, path, **kwargs) as response:
+            return response.status_code, _read_bounded(response.iter_bytes(), MAX_BODY_BYTES)
+
     def _get_json(self, path: str) -> Any:
-        try:
-            response = self._http.get(path)
-        except httpx.HTTPError as exc:
-            raise Unavailable(
-                f"cannot reach {self.base_url}{path}: {exc}", hint="start the server, or pass --base-url"
-            ) from exc
-        return _json_or_fail(response, self.base_url + path)
+        return self._setup_call("GET", path)
 
     def _post_json(self, path: str, body: dict[str, Any]) -> Any:
+        return self._setup_call("POST", path, json=body)
+
+    def _setup_call(self, method: str, path: str, **kwargs: Any) -> Any:
+        url = self.base_url + path
         try:
-            response = self._http.post(path, json=body)
+            status, raw = self._request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise Unavailable(
-                f"cannot reach {self.base_url}{path}: {exc}", hint="start the server, or pass --base-url"
+                f"cannot reach {url}: {str(exc)[:300]}", hint="start the server, or pass --base-url"
             ) from exc
-        return _json_or_fail(response, self.base_url + path)
+        except _TooLarge as exc:
+            raise CheckFailed(f"{url}: {exc}") from exc
+        if status >= 400:
+            raise CheckFailed(f"{url} answered HTTP {status}: {_error_text(raw, '')}")
+        try:
+            return parse_json(raw, what="the answer")
+        except BadInput as exc:
+            raise CheckFailed(f"{url} did not answer JSON ({exc.message[:200]})") from exc
 
 
-def _json_or_fail(response: httpx.Response, url: str) -> Any:
-    if response.status_code >= 400:
-        raise CheckFailed(f"{url} answered HTTP {response.status_code}: {_error_text(response)}")
+def _read_bounded(chunks: Iterator[bytes], limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(f"answer longer than {limit:,} bytes: given up")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _token_event_limit(body: dict[str, Any]) -> int | None:
+    """At most one event per token asked for (max_tokens x n), plus a little; None without a max_tokens."""
+    max_tokens, n = body.get("max_tokens"), body.get("n", 1)
+    if not isinstance(max_tokens, int) or not isinstance(n, int):
+        return None
+    return max_tokens * max(n, 1) + _EXTRA_TOKEN_EVENTS
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable() and not any(c.isspace() for c in value)
+
+
+def _error_text(raw: bytes, reason: str) -> str:
+    """The message of an error body: the OpenAI `error.message`, else the start of the text."""
     try:
-        return response.json()
-    except ValueError as exc:
-        raise CheckFailed(f"{url} did not answer JSON") from exc
-
-
-def _error_text(response: httpx.Response) -> str:
-    try:
-        payload = response.json()
-    except ValueError:
-        return response.text[:200].strip() or response.reason_phrase
+        payload = parse_json(raw, what="the error")
+    except BadInput:
+        text = raw[:200].decode("utf-8", "replace").strip()
+        return " ".join(text.split()) or reason
     if isinstance(payload, dict):
         error = payload.get("error", payload)
         if isinstance(error, dict):

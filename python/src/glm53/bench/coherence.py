@@ -20,6 +20,9 @@ from pydantic import BaseModel, Field
 from glm53.bench.gates import GateResult
 from glm53.bench.needle import JsonPoster
 
+# Room for a probe's prompt in the context: the chat template, the question and the get_weather schema.
+PROMPT_ALLOWANCE = 512
+
 WEATHER_CITY = "Lisbon"
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -59,6 +62,7 @@ class CoherenceResult(BaseModel):
 class CoherenceSection(BaseModel):
     max_tokens: int
     results: list[CoherenceResult]
+    complete: bool = Field(True, description="False in a report written while prompts were still to come")
 
     @property
     def passed(self) -> int:
@@ -122,13 +126,17 @@ def run_coherence(
     *,
     max_tokens: int = 6144,
     on_result: Callable[[CoherenceResult], None] | None = None,
+    on_section: Callable[[CoherenceSection], None] | None = None,
 ) -> CoherenceSection:
-    results = []
+    """Each probe in turn; `on_section` gets the section so far after each (`complete` False)."""
+    results: list[CoherenceResult] = []
     for probe in PROBES:
         result = _ask(client, model, probe, max_tokens)
         results.append(result)
         if on_result is not None:
             on_result(result)
+        if on_section is not None:
+            on_section(CoherenceSection(max_tokens=max_tokens, results=results, complete=False))
     return CoherenceSection(max_tokens=max_tokens, results=results)
 
 
@@ -149,12 +157,21 @@ def _ask(client: JsonPoster, model: str, probe: _Probe, max_tokens: int) -> Cohe
     latency = time.perf_counter() - started
     if error is not None:
         return CoherenceResult(name=probe.name, prompt=probe.prompt, passed=False, reason=error, latency_s=latency)
+    try:
+        return _judged(probe, payload, latency)
+    except Exception as exc:  # an answer shaped like nothing expected: failed with the reason, never a crash
+        reason = f"malformed answer: {type(exc).__name__}: {str(exc)[:200]}"
+        return CoherenceResult(name=probe.name, prompt=probe.prompt, passed=False, reason=reason, latency_s=latency)
+
+
+def _judged(probe: _Probe, payload: Any, latency: float) -> CoherenceResult:
     message, finish, completion_tokens = _message(payload)
     answer = str(message.get("content") or "")
     reasoning = str(message.get("reasoning") or message.get("reasoning_content") or "")
+    listed = message.get("tool_calls")
     calls = [
         ToolCallSeen(name=str(fn.get("name", "")), arguments=str(fn.get("arguments") or ""))
-        for call in (message.get("tool_calls") or [])
+        for call in (listed if isinstance(listed, list) else [])
         if isinstance(call, dict) and isinstance(fn := call.get("function"), dict)
     ]
     reason = probe.judge(answer, calls)
@@ -175,14 +192,16 @@ def _ask(client: JsonPoster, model: str, probe: _Probe, max_tokens: int) -> Cohe
 def _message(payload: Any) -> tuple[dict[str, Any], str | None, int | None]:
     if not isinstance(payload, dict):
         return {}, None, None
-    choices = payload.get("choices") or []
-    first = choices[0] if choices and isinstance(choices[0], dict) else {}
+    choices = payload.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     message = first.get("message")
     usage = payload.get("usage")
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if not isinstance(message, dict):
         message = {}
-    return message, first.get("finish_reason"), tokens if isinstance(tokens, int) else None
+    finish = first.get("finish_reason")
+    counted = isinstance(tokens, int) and not isinstance(tokens, bool) and 0 <= tokens < 2**53
+    return message, (finish if isinstance(finish, str) else None), (tokens if counted else None)
 
 
 def coherence_gates(section: CoherenceSection) -> list[GateResult]:

@@ -8,6 +8,7 @@ gate on the candidate (B, or the one report): the same keys and rule as `bench r
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -63,6 +64,9 @@ class ComparisonRow(BaseModel):
     delta: float | None
     delta_pct: float | None
     b_better: bool | None
+    a_median: float | None = Field(None, description="the median of A's valid runs, beside its best (a)")
+    b_median: float | None = Field(None, description="the median of B's valid runs, beside its best (b)")
+    note: str | None = Field(None, description="why a value is null although both sides have one")
 
 
 class Comparison(BaseModel):
@@ -76,20 +80,62 @@ def recipe_performance() -> RecipePerformance:
     return RecipePerformance.model_validate(json.loads(raw))
 
 
-def _row(section: str, subject: str, metric: str, a: float | None, b: float | None) -> ComparisonRow:
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _row(
+    section: str,
+    subject: str,
+    metric: str,
+    a: float | None,
+    b: float | None,
+    *,
+    a_median: float | None = None,
+    b_median: float | None = None,
+) -> ComparisonRow:
+    """A, B, B - A and (B - A) / A; a difference that does not fit a float (1e308 - -1e308) is null, with a
+    note saying so, never an infinity (which JSON cannot hold)."""
+    a, b = _finite(a), _finite(b)
     delta = b - a if a is not None and b is not None else None
     pct = delta / a * 100.0 if delta is not None and a else None
+    notes = []
+    if delta is not None and not math.isfinite(delta):
+        notes.append("B - A overflows a float")
+        delta = None
+    if pct is not None and not math.isfinite(pct):
+        notes.append("(B - A) / A overflows a float")
+        pct = None
     better = None if delta is None or delta == 0 else (delta < 0) == (metric in _LOWER_IS_BETTER)
+    if delta is None and a is not None and b is not None and a != b:
+        better = (b < a) == (metric in _LOWER_IS_BETTER)
     return ComparisonRow(
-        section=section, subject=subject, metric=metric, a=a, b=b, delta=delta, delta_pct=pct, b_better=better
+        section=section,
+        subject=subject,
+        metric=metric,
+        a=a,
+        b=b,
+        delta=delta,
+        delta_pct=pct,
+        b_better=better,
+        a_median=_finite(a_median),
+        b_median=_finite(b_median),
+        note="; ".join(notes) or None,
     )
 
 
+_MEDIANS = {"ttft_ms": "median_ttft_ms", "prefill_tok_s": "median_prefill_tok_s", "decode_tok_s": "median_decode_tok_s"}
+
+
 def _best_points(summary: Summary) -> dict[tuple[int, int], dict[str, float | None]]:
+    """Per shape: each metric's best, and its median under 'median_<metric>'."""
     if summary.run is None:
         return {}
     return {
-        (shape.prompt_tokens, shape.output_tokens): {metric: getattr(shape.best, metric) for metric in METRICS}
+        (shape.prompt_tokens, shape.output_tokens): {
+            **{metric: getattr(shape.best, metric) for metric in METRICS},
+            **{_MEDIANS[metric]: getattr(shape.best, _MEDIANS[metric]) for metric in METRICS},
+        }
         for shape in summary.run.shapes
     }
 
@@ -100,13 +146,16 @@ def compare_summaries(a: Summary, b: Summary, *, a_label: str = "A", b_label: st
     for key in sorted(set(points_a) | set(points_b)):
         subject = f"{key[0]}:{key[1]}"
         for metric in METRICS:
+            a_point, b_point = points_a.get(key, {}), points_b.get(key, {})
             rows.append(
                 _row(
                     "run",
                     subject,
                     metric,
-                    points_a.get(key, {}).get(metric),
-                    points_b.get(key, {}).get(metric),
+                    a_point.get(metric),
+                    b_point.get(metric),
+                    a_median=a_point.get(_MEDIANS[metric]),
+                    b_median=b_point.get(_MEDIANS[metric]),
                 )
             )
     if a.needle is not None or b.needle is not None:
@@ -163,12 +212,22 @@ def compare_to_recipe(summary: Summary, *, profile: str | None = None, label: st
     for point in recipe.profiles[profile]:
         key = (point.context_len, point.output_tokens)
         for metric in METRICS:
+            ours = mine.get(key, {})
             rows.append(
-                _row("run", f"{key[0]}:{key[1]}", metric, getattr(point, metric), mine.get(key, {}).get(metric))
+                _row(
+                    "run",
+                    f"{key[0]}:{key[1]}",
+                    metric,
+                    getattr(point, metric),
+                    ours.get(metric),
+                    b_median=ours.get(_MEDIANS[metric]),
+                )
             )
     for key in sorted(set(mine) - {(p.context_len, p.output_tokens) for p in recipe.profiles[profile]}):
         for metric in METRICS:
-            rows.append(_row("run", f"{key[0]}:{key[1]}", metric, None, mine[key][metric]))
+            rows.append(
+                _row("run", f"{key[0]}:{key[1]}", metric, None, mine[key][metric], b_median=mine[key][_MEDIANS[metric]])
+            )
     if summary.agent is not None:
         rows.extend(_agent_rows(recipe.agent, summary.agent))
     return Comparison(a_label=f"recipe ({profile})", b_label=label, rows=rows)

@@ -6,7 +6,7 @@ import math
 import re
 from typing import Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 # name, optional {labels}, value; an optional timestamp follows. Label values may hold spaces and braces,
 # so the labels group is matched up to the last "}" before the value.
@@ -42,6 +42,12 @@ class MetricsDelta(BaseModel):
     prefix_cache_hits: float | None = None
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
+    # The engine's own timings (histogram sums and counts), to check the times this client saw against them.
+    server_requests: float | None = Field(
+        None, description="requests whose decode finished (vllm:request_decode_time_seconds count)"
+    )
+    server_decode_s: float | None = Field(None, description="first -> last token, as the engine timed it")
+    server_ttft_s: float | None = Field(None, description="arrival -> first token, as the engine timed it")
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -56,6 +62,9 @@ _COUNTERS = {
     "prefix_cache_hits": "vllm:prefix_cache_hits",
     "prompt_tokens": "vllm:prompt_tokens",
     "generation_tokens": "vllm:generation_tokens",
+    "server_requests": "vllm:request_decode_time_seconds_count",
+    "server_decode_s": "vllm:request_decode_time_seconds_sum",
+    "server_ttft_s": "vllm:time_to_first_token_seconds_sum",
 }
 
 

@@ -24,6 +24,8 @@ DEFAULT_DEPTHS = "0.05,0.25,0.5,0.75,0.95"
 _WORDS = ("amber", "cobalt", "fennel", "granite", "harbor", "juniper", "lumen", "meadow", "quartz", "saffron")
 # Room for the chat template around the user message; the usage in the answer gives the exact count.
 _TEMPLATE_ALLOWANCE = 64
+# No served model has a context this long; a larger size is a typo that would fill memory building the haystack.
+MAX_SIZE_TOKENS = 10_000_000
 
 
 class NeedleResult(BaseModel):
@@ -42,6 +44,7 @@ class NeedleSection(BaseModel):
     depths: list[float]
     max_tokens: int
     results: list[NeedleResult]
+    complete: bool = Field(True, description="False in a report written while depths were still to come")
 
     @property
     def pass_rate(self) -> float:
@@ -60,8 +63,11 @@ def parse_sizes(spec: str, *, flag: str = "--sizes") -> list[int]:
             f"{flag}: {spec!r} is not a comma-separated list of token counts",
             hint=f"e.g. {flag} {DEFAULT_SIZES}",
         ) from exc
-    if not sizes or any(size < 128 for size in sizes):
-        raise BadInput(f"{flag}: every size must be at least 128 tokens", hint=f"e.g. {flag} {DEFAULT_SIZES}")
+    if not sizes or any(not 128 <= size <= MAX_SIZE_TOKENS for size in sizes):
+        raise BadInput(
+            f"{flag}: every size must be between 128 and {MAX_SIZE_TOKENS:,} tokens",
+            hint=f"e.g. {flag} {DEFAULT_SIZES}",
+        )
     return sizes
 
 
@@ -124,7 +130,9 @@ def run_needles(
     max_model_len: int | None = None,
     seed: int = 0,
     on_result: Callable[[NeedleResult], None] | None = None,
+    on_section: Callable[[NeedleSection], None] | None = None,
 ) -> NeedleSection:
+    """Every depth of every size; `on_section` gets the section so far after each (`complete` False)."""
     if max_model_len is not None:
         for size in sizes:
             if size + max_tokens > max_model_len:
@@ -146,6 +154,12 @@ def run_needles(
             results.append(result)
             if on_result is not None:
                 on_result(result)
+            if on_section is not None:
+                on_section(
+                    NeedleSection(
+                        sizes=list(sizes), depths=list(depths), max_tokens=max_tokens, results=results, complete=False
+                    )
+                )
     return NeedleSection(sizes=list(sizes), depths=list(depths), max_tokens=max_tokens, results=results)
 
 
@@ -179,8 +193,12 @@ def _ask(
             reason=error,
             latency_s=latency,
         )
-    answer, prompt_tokens = chat_answer(payload)
-    passed, reason = judge_answer(answer, record)
+    try:
+        answer, prompt_tokens = chat_answer(payload)
+        passed, reason = judge_answer(answer, record)
+    except Exception as exc:  # an answer shaped like nothing expected: failed with the reason, never a crash
+        answer, prompt_tokens = "", None
+        passed, reason = False, f"malformed answer: {type(exc).__name__}: {str(exc)[:200]}"
     return NeedleResult(
         size_tokens=size,
         depth=depth,
@@ -199,10 +217,12 @@ def chat_answer(payload: Any) -> tuple[str, int | None]:
         return "", None
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    choices = payload.get("choices") or []
-    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    choices = payload.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
     content = message.get("content") if isinstance(message, dict) else None
-    return (content or ""), (prompt_tokens if isinstance(prompt_tokens, int) else None)
+    counted = isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and 0 <= prompt_tokens < 2**53
+    return (content if isinstance(content, str) else ""), (prompt_tokens if counted else None)
 
 
 NEEDLE_FAIL_UNDER = {"pass-rate": "share of depths recalled, 0..1 (default 1: every depth)"}

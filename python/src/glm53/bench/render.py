@@ -63,19 +63,25 @@ def run_tables(console: Console, run: RunSection) -> None:
     )
     _print_table(
         console,
-        ("shape", "valid runs", "TTFT ms", "prefill tok/s", "decode tok/s"),
+        ("shape", "valid runs", "TTFT ms (median)", "prefill tok/s (median)", "decode tok/s (median)", "rejected"),
         (
             (
                 shape.shape,
                 f"{shape.best.valid_runs}/{len(shape.runs)}",
-                _num(shape.best.ttft_ms),
-                _num(shape.best.prefill_tok_s),
-                _num(shape.best.decode_tok_s, 2),
+                _with_median(shape.best.ttft_ms, shape.best.median_ttft_ms),
+                _with_median(shape.best.prefill_tok_s, shape.best.median_prefill_tok_s),
+                _with_median(shape.best.decode_tok_s, shape.best.median_decode_tok_s, 2),
+                str(shape.best.rejected_runs) if shape.best.rejected_runs else "-",
             )
             for shape in run.shapes
         ),
-        title=f"best of {run.runs_per_shape} per shape",
+        title=f"best of {run.runs_per_shape} per shape (median of the valid runs); rejected: implausible timing"
+        + ("" if run.complete else " [incomplete]"),
     )
+
+
+def _with_median(best: float | None, median: float | None, digits: int = 1) -> str:
+    return _num(best, digits) if median is None else f"{_num(best, digits)} ({_num(median, digits)})"
 
 
 def needle_table(console: Console, needle: NeedleSection) -> None:
@@ -152,6 +158,7 @@ def agent_tables(console: Console, agent: AgentSection) -> None:
             ("median tool-call turn latency (s)", _num(agent.median_tool_call_turn_latency_s, 3)),
             ("median turn latency (s)", _num(agent.median_turn_latency_s, 3)),
             ("mean decode tok/s in turns", _num(agent.mean_decode_tok_s)),
+            ("median decode tok/s in turns", _num(agent.median_decode_tok_s)),
             ("turns with a model tool call", f"{agent.model_tool_calls}/{len(agent.turns)}"),
         ),
         title="agent session",
@@ -223,14 +230,14 @@ def comparison_table(console: Console, comparison: Comparison) -> None:
             (
                 row.subject if row.section == "run" else row.section,
                 _METRIC_LABELS.get(row.metric, row.metric),
-                _num(row.a),
-                _num(row.b),
-                "-" if row.delta is None else f"{row.delta:+,.1f}",
+                _with_median(row.a, row.a_median),
+                _with_median(row.b, row.b_median),
+                ("-" if row.delta is None else f"{row.delta:+,.1f}") + (f" ({row.note})" if row.note else ""),
                 _delta_pct(row),
             )
             for row in comparison.rows
         ),
-        title=f"A = {comparison.a_label}\nB = {comparison.b_label}",
+        title=f"A = {comparison.a_label}\nB = {comparison.b_label}\n(run rows: best of N, median in brackets)",
     )
 
 

@@ -79,6 +79,10 @@ class Summary(BaseModel):
     gates: dict[str, list[GateResult]] = Field(
         default_factory=dict, description="per section ('run', 'needle', ...): the thresholds evaluated"
     )
+    non_finite: list[str] = Field(
+        default_factory=list,
+        description="values written as null because they were not finite numbers: 'path: value'",
+    )
 
 
 def collect_environment(
@@ -195,30 +199,53 @@ def load_summary(path: Path) -> Summary:
         raise invalid_document(exc, str(path), hint="the file is not a glm53 bench summary") from exc
 
 
-def _non_finite(value: Any, where: str = "") -> str | None:
-    """The dotted path of the first NaN or infinite number in parsed JSON, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where or 'the value'} ({value})"
-    if isinstance(value, dict):
-        items: Any = value.items()
-    else:
-        items = enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
+def _non_finite(value: Any) -> str | None:
+    """The dotted path of the first NaN or infinite number in parsed JSON, or None. Iterative: a file nested
+    as deep as the JSON reader allows must not exhaust the stack here."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{where or 'the value'} ({item})"
+        if isinstance(item, dict):
+            children: list[tuple[Any, Any]] = list(item.items())
+        elif isinstance(item, list):
+            children = list(enumerate(item))
+        else:
+            continue
+        stack.extend((f"{where}.{key}" if where else str(key), child) for key, child in reversed(children))
     return None
 
 
-def finite_or_none(value: Any) -> Any:
-    """A dumped report with every NaN or infinite number replaced by null (JSON has neither)."""
+def finite_or_none(value: Any, replaced: list[str] | None = None, where: str = "") -> Any:
+    """A dumped report with every NaN or infinite number replaced by null (JSON has neither); with `replaced`,
+    each replacement is appended to it as 'path: value'."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        if math.isfinite(value):
+            return value
+        if replaced is not None:
+            replaced.append(f"{where or 'the value'}: {value}")
+        return None
     if isinstance(value, dict):
-        return {key: finite_or_none(item) for key, item in value.items()}
+        return {
+            key: finite_or_none(item, replaced, f"{where}.{key}" if where else str(key)) for key, item in value.items()
+        }
     if isinstance(value, list):
-        return [finite_or_none(item) for item in value]
+        return [
+            finite_or_none(item, replaced, f"{where}.{index}" if where else str(index))
+            for index, item in enumerate(value)
+        ]
     return value
+
+
+def json_safe(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` as valid JSON (no NaN, no infinity): each non-finite number becomes null, and a
+    `non_finite` list says which and what it was."""
+    replaced: list[str] = []
+    cleaned: dict[str, Any] = finite_or_none(payload, replaced)
+    if replaced:
+        cleaned["non_finite"] = [*cleaned.get("non_finite", []), *replaced]
+    return cleaned
 
 
 def prepare_out_dir(out_dir: Path) -> Path:
@@ -280,7 +307,9 @@ def write_section(out_dir: Path, environment: Environment, **sections: Any) -> P
     summary = load_summary(path) if path.exists() else Summary(environment=environment)
     update = {"environment": environment, **sections, "gates": {**summary.gates, **gates}}
     summary = summary.model_copy(update=update)
-    atomic_write_json(path, finite_or_none(summary.model_dump(mode="json")))
+    dumped = summary.model_dump(mode="json")
+    dumped["non_finite"] = []  # this write's replacements, not an earlier write's
+    atomic_write_json(path, json_safe(dumped))
     return path
 
 

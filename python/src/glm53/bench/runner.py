@@ -2,12 +2,15 @@
 
 TTFT = request start -> first streamed event carrying tokens; prefill tok/s = prompt tokens / TTFT;
 decode tok/s = (completion tokens - 1) / (end - first token time). A run counts only when the usage matches
-the request and every finish reason is `length`; invalid runs are kept with their reason.
+the request, every finish reason is `length` and its timing is physically possible (glm53.bench.timing);
+invalid runs are kept with their reason. Each shape reports the best and the median of its valid runs.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
+import statistics
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,14 +22,20 @@ from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory, PromptStyle
 from glm53.bench.stream import StreamOutcome, decode_rate, prefill_rate
+from glm53.bench.timing import implausible_timing, server_decode_rate
 from glm53.errors import BadInput, CheckFailed
 
 DEFAULT_SHAPES = "8192:2048,131072:2048,260096:2048"
+# No served model has a context of ten million tokens; a larger count is a typo that would only fill memory
+# building the prompt (when the server does not say its max_model_len).
+MAX_TOKENS_PER_REQUEST = 10_000_000
 
 
 class Shape(BaseModel):
-    prompt_tokens: int = Field(gt=0)
-    output_tokens: int = Field(gt=1, description="two at least: decode speed needs a second token")
+    prompt_tokens: int = Field(gt=0, le=MAX_TOKENS_PER_REQUEST)
+    output_tokens: int = Field(
+        gt=1, le=MAX_TOKENS_PER_REQUEST, description="two at least: decode speed needs a second token"
+    )
 
     @property
     def label(self) -> str:
@@ -46,7 +55,8 @@ def parse_shapes(spec: str, *, flag: str = "--shapes") -> list[Shape]:
             shape = Shape(prompt_tokens=int(prompt.replace("_", "")), output_tokens=int(output.replace("_", "")))
         except ValueError as exc:
             raise BadInput(
-                f"{flag}: {item!r} is not PROMPT:OUTPUT with PROMPT >= 1 and OUTPUT >= 2",
+                f"{flag}: {item!r} is not PROMPT:OUTPUT with PROMPT >= 1 and OUTPUT >= 2 "
+                f"(at most {MAX_TOKENS_PER_REQUEST:,} each)",
                 hint=f"e.g. {flag} 8192:2048,131072:2048",
             ) from exc
         shapes.append(shape)
@@ -77,15 +87,22 @@ class RunRecord(BaseModel):
     valid: bool = False
     invalid_reason: str | None = None
     metrics: MetricsDelta | None = None
+    server_decode_tok_s: float | None = Field(
+        None, description="the engine's own decode rate for this request, from /metrics, when it tells"
+    )
 
 
 class BestOf(BaseModel):
-    """Best of the valid runs, each figure on its own (as the recipe reports them)."""
+    """Best of the valid runs, each figure on its own (as the recipe reports them), and their medians."""
 
     valid_runs: int
     ttft_ms: float | None = None
     prefill_tok_s: float | None = None
     decode_tok_s: float | None = None
+    median_ttft_ms: float | None = None
+    median_prefill_tok_s: float | None = None
+    median_decode_tok_s: float | None = None
+    rejected_runs: int = Field(0, description="runs whose timing no engine could produce (each says why)")
 
 
 class ShapeResult(BaseModel):
@@ -100,6 +117,7 @@ class RunSection(BaseModel):
     style: PromptStyle
     runs_per_shape: int
     shapes: list[ShapeResult]
+    complete: bool = Field(True, description="False in a report written while runs were still to come")
 
 
 class Streamer(Protocol):
@@ -119,8 +137,9 @@ def completion_body(model: str, prompt: list[int], output_tokens: int, cache_sal
     }
 
 
-def judge_run(outcome: StreamOutcome, shape: Shape) -> tuple[bool, str | None]:
-    """(valid, reason when not): the recipe's validity rule plus what timing needs."""
+def judge_run(outcome: StreamOutcome, shape: Shape, metrics: MetricsDelta | None = None) -> tuple[bool, str | None]:
+    """(valid, reason when not): the recipe's validity rule, what timing needs, and timing no engine could
+    produce (a stream held back and released in a burst; glm53.bench.timing)."""
     if outcome.error:
         return False, outcome.error
     if outcome.usage is None:
@@ -138,6 +157,9 @@ def judge_run(outcome: StreamOutcome, shape: Shape) -> tuple[bool, str | None]:
         return False, f"finish reasons {outcome.finish_reasons}, expected 'length' for every choice"
     if outcome.ttft_s is None or outcome.end_s is None or outcome.end_s <= outcome.ttft_s:
         return False, "no token event before the end of the stream"
+    implausible = implausible_timing(outcome, metrics)
+    if implausible is not None:
+        return False, implausible
     return True, None
 
 
@@ -152,16 +174,24 @@ def measure(outcome: StreamOutcome) -> dict[str, float | None]:
     }
 
 
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
 def best_of(runs: Sequence[RunRecord]) -> BestOf:
     valid = [r for r in runs if r.valid]
-    ttfts = [r.ttft_ms for r in valid if r.ttft_ms is not None]
-    prefills = [r.prefill_tok_s for r in valid if r.prefill_tok_s is not None]
-    decodes = [r.decode_tok_s for r in valid if r.decode_tok_s is not None]
+    ttfts = _finite([r.ttft_ms for r in valid])
+    prefills = _finite([r.prefill_tok_s for r in valid])
+    decodes = _finite([r.decode_tok_s for r in valid])
     return BestOf(
         valid_runs=len(valid),
         ttft_ms=min(ttfts) if ttfts else None,
         prefill_tok_s=max(prefills) if prefills else None,
         decode_tok_s=max(decodes) if decodes else None,
+        median_ttft_ms=statistics.median(ttfts) if ttfts else None,
+        median_prefill_tok_s=statistics.median(prefills) if prefills else None,
+        median_decode_tok_s=statistics.median(decodes) if decodes else None,
+        rejected_runs=sum(1 for r in runs if (r.invalid_reason or "").startswith("implausible timing")),
     )
 
 
@@ -184,7 +214,8 @@ def run_one(client: Streamer, model: str, prompt: list[int], shape: Shape, run: 
     before = snapshot(client)
     outcome = client.stream("/v1/completions", completion_body(model, prompt, shape.output_tokens, salt))
     after = snapshot(client)
-    valid, reason = judge_run(outcome, shape)
+    metrics = diff_metrics(before, after)
+    valid, reason = judge_run(outcome, shape, metrics)
     usage = outcome.usage
     return RunRecord(
         shape=shape.label,
@@ -201,7 +232,8 @@ def run_one(client: Streamer, model: str, prompt: list[int], shape: Shape, run: 
         http_status=outcome.http_status,
         valid=valid,
         invalid_reason=reason,
-        metrics=diff_metrics(before, after),
+        metrics=metrics,
+        server_decode_tok_s=server_decode_rate(outcome, metrics),
         **measure(outcome),
     )
 
@@ -215,8 +247,10 @@ def run_benchmark(
     runs: int,
     style: PromptStyle = "prose",
     on_run: Callable[[RunRecord], None] | None = None,
+    on_section: Callable[[RunSection], None] | None = None,
 ) -> RunSection:
-    """Every shape `runs` times, in order; one failing request never stops the others."""
+    """Every shape `runs` times, in order; one failing request never stops the others. `on_section` gets the
+    section so far (`complete` False) after every run, for a report that a crash or Ctrl-C cannot take."""
     if runs < 1:
         raise BadInput(f"--runs must be at least 1, got {runs}")
     results: list[ShapeResult] = []
@@ -228,16 +262,21 @@ def run_benchmark(
             records.append(record)
             if on_run is not None:
                 on_run(record)
-        results.append(
-            ShapeResult(
-                shape=shape.label,
-                prompt_tokens=shape.prompt_tokens,
-                output_tokens=shape.output_tokens,
-                runs=records,
-                best=best_of(records),
-            )
-        )
+            if on_section is not None:
+                partial = [*results, _shape_result(shape, records)]
+                on_section(RunSection(style=style, runs_per_shape=runs, shapes=partial, complete=False))
+        results.append(_shape_result(shape, records))
     return RunSection(style=style, runs_per_shape=runs, shapes=results)
+
+
+def _shape_result(shape: Shape, records: list[RunRecord]) -> ShapeResult:
+    return ShapeResult(
+        shape=shape.label,
+        prompt_tokens=shape.prompt_tokens,
+        output_tokens=shape.output_tokens,
+        runs=list(records),
+        best=best_of(records),
+    )
 
 
 RUN_FAIL_UNDER = {

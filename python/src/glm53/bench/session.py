@@ -5,7 +5,8 @@ gated result that each command prints."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +18,14 @@ from glm53.bench.report import (
     Environment,
     collect_environment,
     ensure_same_server,
-    finite_or_none,
+    json_safe,
     prepare_out_dir,
+    write_section,
 )
-from glm53.errors import BadInput
+from glm53.errors import BadInput, Glm53Error
+
+# Where the API key may come from besides --api-key-file and --api-key, in this order.
+API_KEY_ENV = ("GLM53_API_KEY", "OPENAI_API_KEY")
 
 
 @dataclass(frozen=True)
@@ -81,9 +86,69 @@ def _environment(server: ServerInfo, target: Target) -> Environment:
 
 def gated_payload(payload: dict[str, Any], gates: list[GateResult]) -> dict[str, Any]:
     """A command's `--json` result: its payload and the gates evaluated. As in summary.json, a NaN or an
-    infinity becomes null, since JSON has neither."""
-    cleaned: dict[str, Any] = finite_or_none({**payload, "gates": [gate.model_dump(mode="json") for gate in gates]})
-    return cleaned
+    infinity becomes null, since JSON has neither (and `non_finite` says which)."""
+    return json_safe({**payload, "gates": [gate.model_dump(mode="json") for gate in gates]})
 
 
-__all__ = ["Session", "Target", "gated_payload", "measuring"]
+def resolve_api_key(flag: str | None, key_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token: --api-key-file (read as `glm53 serve` reads it: bounded, refused when readable by
+    every user), else --api-key, else GLM53_API_KEY, else OPENAI_API_KEY; None when none is set."""
+    if key_file is not None and flag is not None:
+        raise BadInput("pass --api-key-file or --api-key, not both", hint="prefer --api-key-file")
+    if key_file is not None:
+        from glm53.serve.exec import read_api_key
+
+        return read_api_key(key_file)
+    if flag is not None:
+        if not flag.strip():
+            raise BadInput("--api-key is empty", hint="pass the key in --api-key-file, or leave it out")
+        return flag
+    env = os.environ if environ is None else environ
+    for name in API_KEY_ENV:
+        value = env.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def check_answer_fits(max_tokens: int, max_model_len: int | None, *, prompt_allowance: int, flag: str) -> None:
+    """An answer budget the server's context cannot hold fails every request with HTTP 400: refuse it first."""
+    if max_model_len is not None and max_tokens + prompt_allowance > max_model_len:
+        room = max_model_len - prompt_allowance
+        raise BadInput(
+            f"{flag} {max_tokens} does not fit the server's max_model_len {max_model_len} "
+            f"(with up to {prompt_allowance} tokens of prompt)",
+            hint=f"pass {flag} {room} or less" if room > 0 else "serve with a larger MAX_MODEL_LEN",
+        )
+
+
+def checkpointer(
+    out_dir: Path, environment: Environment, section: str, warn: Callable[[str], None]
+) -> Callable[[Any], None]:
+    """A callback writing a section so far (`complete` False) to summary.json after every request, so that a
+    crash, Ctrl-C or SIGTERM hours in loses nothing measured. A write that fails is a warning (once): the
+    measurement goes on, and the final write reports the failure."""
+    failed = False
+
+    def write(partial: Any) -> None:
+        nonlocal failed
+        try:
+            write_section(out_dir, environment, **{section: partial}, gates={section: []})
+        except Glm53Error as exc:
+            if not failed:
+                warn(f"the report could not be updated after this request: {exc.message}")
+            failed = True
+
+    return write
+
+
+__all__ = [
+    "API_KEY_ENV",
+    "Session",
+    "Target",
+    "check_answer_fits",
+    "checkpointer",
+    "gated_payload",
+    "measuring",
+    "resolve_api_key",
+]

@@ -1,7 +1,8 @@
 """Turns the events of one OpenAI-style stream (completions or chat) into a timed, checked outcome.
 
-The accumulator never raises: a malformed payload, an event out of order, an error event or a missing
-`[DONE]` becomes `protocol_error`, the first one seen, so one broken request cannot take a report down.
+The accumulator never raises: a malformed payload (bad JSON, nesting too deep, a number out of range, a field
+of the wrong type), an event out of order, an error event, more token events than were asked for or a missing
+`[DONE]` becomes the outcome's `error`, the first one seen, so one broken request cannot take a report down.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from glm53.errors import BadInput
+from glm53.fsutil import parse_json
+
 _DONE = b"[DONE]"
+# Token counts in a usage object: non-negative integers below 2**53 (what a JSON number holds exactly). A float,
+# a string, a boolean or 1e999 is a malformed usage, never a count.
+_MAX_COUNT = 2**53
 
 
 class Usage(BaseModel):
@@ -41,12 +48,20 @@ class StreamOutcome(BaseModel):
     finish_reasons: list[str | None] = Field(default_factory=list)
     usage: Usage | None = None
     done: bool = False
+    token_times_s: list[float] = Field(
+        default_factory=list, repr=False, description="arrival time of every event carrying tokens"
+    )
 
 
 class StreamAccumulator:
-    """Feed decoded SSE payloads with the time they arrived; read `outcome()` at the end."""
+    """Feed decoded SSE payloads with the time they arrived; read `outcome()` at the end.
 
-    def __init__(self) -> None:
+    `max_token_events`: more events carrying tokens than this is a server that does not stop (each event
+    carries one token at least, so a stream may not hold more events than the tokens asked for)."""
+
+    def __init__(self, *, max_token_events: int | None = None) -> None:
+        self._max_token_events = max_token_events
+        self._token_times: list[float] = []
         self._error: str | None = None
         self._ttft: float | None = None
         self._token_events = 0
@@ -64,13 +79,18 @@ class StreamAccumulator:
                 return
             try:
                 self._feed_one(payload.strip(), elapsed_s)
-            except (TypeError, ValueError, AttributeError) as exc:
-                # A field of an unexpected type somewhere deep in an event: invalid, never a crash.
-                self.fail(f"malformed event: {type(exc).__name__}: {exc}")
+            except Exception as exc:
+                # A field of an unexpected type somewhere deep in an event (TypeError, AttributeError), a number
+                # out of range (OverflowError), nesting too deep (RecursionError): invalid, never a crash.
+                self.fail(f"malformed event: {type(exc).__name__}: {str(exc)[:200]}")
 
     def fail(self, reason: str) -> None:
         if self._error is None:
             self._error = reason
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
 
     def outcome(self, *, end_s: float, http_status: int | None) -> StreamOutcome:
         if self._error is None and not self._done:
@@ -92,6 +112,7 @@ class StreamAccumulator:
             finish_reasons=[self._finish[i] for i in indices],
             usage=self._usage,
             done=self._done,
+            token_times_s=self._token_times,
         )
 
     def _feed_one(self, payload: bytes, elapsed_s: float) -> None:
@@ -102,10 +123,10 @@ class StreamAccumulator:
             self._done = True
             return
         try:
-            event = json.loads(payload)
-        except ValueError:
+            event = parse_json(payload, what="event")
+        except BadInput as exc:
             preview = payload[:80].decode("utf-8", "replace")
-            self.fail(f"malformed event (not JSON): {preview!r}")
+            self.fail(f"malformed event (not JSON): {exc.message[:160]}; it starts {preview!r}")
             return
         if not isinstance(event, dict):
             self.fail(f"malformed event (not an object): {type(event).__name__}")
@@ -135,8 +156,14 @@ class StreamAccumulator:
             carries_tokens = self._take_choice(index, choice) or carries_tokens
         if carries_tokens:
             self._token_events += 1
+            self._token_times.append(elapsed_s)
             if self._ttft is None:
                 self._ttft = elapsed_s
+            if self._max_token_events is not None and self._token_events > self._max_token_events:
+                self.fail(
+                    f"more than {self._max_token_events} events carrying tokens: the server did not stop at max_tokens"
+                )
+                return
         usage = event.get("usage")
         if usage:
             self._take_usage(usage, final=not choices)
@@ -190,16 +217,13 @@ class StreamAccumulator:
         if final and any(reason is None for reason in self._finish.values()):
             self.fail("final usage arrived before every choice finished (out of order)")
             return
-        try:
-            details = usage.get("prompt_tokens_details") or {}
-            self._usage = Usage(
-                prompt_tokens=int(usage["prompt_tokens"]),
-                completion_tokens=int(usage["completion_tokens"]),
-                cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
-            )
-        except (KeyError, TypeError, ValueError):
-            self.fail(f"malformed usage: {json.dumps(usage)[:120]}")
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+        if prompt is None or completion is None or (cached is not None and _count(cached) is None):
+            self.fail(f"malformed usage: {_preview(usage)}")
             return
+        self._usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=_count(cached))
         self._final_usage_seen = self._final_usage_seen or final
 
 
@@ -218,7 +242,21 @@ def decode_rate(outcome: StreamOutcome) -> float | None:
     return (usage.completion_tokens - 1) / (end - first)
 
 
+def _count(value: Any) -> int | None:
+    """A token count, or None when `value` is not one (bool, float, string, negative, 1e999, 10**20)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT:
+        return value
+    return None
+
+
+def _preview(value: Any) -> str:
+    try:
+        return json.dumps(value)[:120]
+    except (ValueError, TypeError, RecursionError):
+        return repr(value)[:120]
+
+
 def _error_message(error: Any) -> str:
     if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error)
+        return str(error.get("message") or error)[:300]
+    return str(error)[:300]

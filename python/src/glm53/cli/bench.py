@@ -14,8 +14,9 @@ import typer
 from rich.console import Console
 
 from glm53.cli.options import (
-    ApiKeyOpt,
     BaseUrlOpt,
+    BenchApiKeyFileOpt,
+    BenchApiKeyOpt,
     JsonOpt,
     ReportDirOpt,
     ReportOnlyOpt,
@@ -79,7 +80,8 @@ def run_cmd(
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write TTFT and decode PNGs.")] = True,
     timeout: RequestTimeoutOpt = 1800.0,
-    api_key: ApiKeyOpt = None,
+    api_key: BenchApiKeyOpt = None,
+    api_key_file: BenchApiKeyFileOpt = None,
     serve_profile: ServeProfileOpt = None,
     env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
@@ -102,7 +104,7 @@ def run_cmd(
         run_benchmark,
         run_gates,
     )
-    from glm53.bench.session import Target, measuring
+    from glm53.bench.session import Target, checkpointer, measuring, resolve_api_key
 
     prompt_style = parse_style(style)
     parsed = parse_shapes(shapes)
@@ -112,7 +114,7 @@ def run_cmd(
         base_url=base_url,
         model=model,
         timeout_s=timeout,
-        api_key=api_key,
+        api_key=resolve_api_key(api_key, api_key_file),
         serve_profile=serve_profile,
         env_file=env_file,
         out_dir=out_dir,
@@ -130,6 +132,7 @@ def run_cmd(
                 runs=runs,
                 style=prompt_style,
                 on_run=lambda record: bar.step(run_line(record)),
+                on_section=checkpointer(out_dir, session.environment, "run", out.warn),
             )
     gates = run_gates(section, under, over)
     path = write_section(out_dir, session.environment, run=section, gates={"run": gates})
@@ -161,7 +164,8 @@ def needle_cmd(
     ] = None,
     report_only: ReportOnlyOpt = False,
     timeout: RequestTimeoutOpt = 1800.0,
-    api_key: ApiKeyOpt = None,
+    api_key: BenchApiKeyOpt = None,
+    api_key_file: BenchApiKeyFileOpt = None,
     serve_profile: ServeProfileOpt = None,
     env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
@@ -175,7 +179,7 @@ def needle_cmd(
     from glm53.bench.prompts import PromptFactory
     from glm53.bench.render import needle_line, needle_table
     from glm53.bench.report import write_section
-    from glm53.bench.session import Target, measuring
+    from glm53.bench.session import Target, checkpointer, measuring, resolve_api_key
 
     parsed_sizes, parsed_depths = parse_sizes(sizes), parse_depths(depths)
     under = parse_thresholds(fail_under, NEEDLE_FAIL_UNDER, flag="--fail-under")
@@ -184,7 +188,7 @@ def needle_cmd(
         base_url=base_url,
         model=model,
         timeout_s=timeout,
-        api_key=api_key,
+        api_key=resolve_api_key(api_key, api_key_file),
         serve_profile=serve_profile,
         env_file=env_file,
         out_dir=out_dir,
@@ -202,6 +206,7 @@ def needle_cmd(
             max_tokens=max_tokens,
             max_model_len=session.server.max_model_len,
             on_result=lambda result: bar.step(needle_line(result)),
+            on_section=checkpointer(out_dir, session.environment, "needle", out.warn),
         )
     gates = needle_gates(section, under)
     path = write_section(out_dir, session.environment, needle=section, gates={"needle": gates})
@@ -223,7 +228,8 @@ def coherence_cmd(
     out_dir: ReportDirOpt = DEFAULT_OUT,
     report_only: ReportOnlyOpt = False,
     timeout: RequestTimeoutOpt = 1800.0,
-    api_key: ApiKeyOpt = None,
+    api_key: BenchApiKeyOpt = None,
+    api_key_file: BenchApiKeyFileOpt = None,
     serve_profile: ServeProfileOpt = None,
     env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
@@ -232,28 +238,33 @@ def coherence_cmd(
 
     Example: glm53 bench coherence --base-url http://127.0.0.1:8000
     """
-    from glm53.bench.coherence import PROBES, coherence_gates, run_coherence
+    from glm53.bench.coherence import PROBES, PROMPT_ALLOWANCE, coherence_gates, run_coherence
     from glm53.bench.render import coherence_line, coherence_table
     from glm53.bench.report import write_section
-    from glm53.bench.session import Target, measuring
+    from glm53.bench.session import Target, check_answer_fits, checkpointer, measuring, resolve_api_key
 
     out = Output(json_mode=json_out)
     target = Target(
         base_url=base_url,
         model=model,
         timeout_s=timeout,
-        api_key=api_key,
+        api_key=resolve_api_key(api_key, api_key_file),
         serve_profile=serve_profile,
         env_file=env_file,
         out_dir=out_dir,
     )
-    with measuring(target) as session, out.progress("prompts", total=len(PROBES)) as bar:
-        section = run_coherence(
-            session.client,
-            session.server.model,
-            max_tokens=max_tokens,
-            on_result=lambda result: bar.step(coherence_line(result)),
+    with measuring(target) as session:
+        check_answer_fits(
+            max_tokens, session.server.max_model_len, prompt_allowance=PROMPT_ALLOWANCE, flag="--max-tokens"
         )
+        with out.progress("prompts", total=len(PROBES)) as bar:
+            section = run_coherence(
+                session.client,
+                session.server.model,
+                max_tokens=max_tokens,
+                on_result=lambda result: bar.step(coherence_line(result)),
+                on_section=checkpointer(out_dir, session.environment, "coherence", out.warn),
+            )
     gates = coherence_gates(section)
     path = write_section(out_dir, session.environment, coherence=section, gates={"coherence": gates})
     payload = {"summary": str(path), "coherence": section.model_dump(mode="json")}
@@ -284,7 +295,8 @@ def agent_cmd(
         str | None, typer.Option("--fail-over", help="Maximums, e.g. turn-latency=10 (seconds).")
     ] = None,
     timeout: RequestTimeoutOpt = 1800.0,
-    api_key: ApiKeyOpt = None,
+    api_key: BenchApiKeyOpt = None,
+    api_key_file: BenchApiKeyFileOpt = None,
     serve_profile: ServeProfileOpt = None,
     env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
@@ -306,7 +318,7 @@ def agent_cmd(
     from glm53.bench.prompts import PromptFactory
     from glm53.bench.render import agent_tables, turn_line
     from glm53.bench.report import write_section
-    from glm53.bench.session import Target, measuring
+    from glm53.bench.session import Target, checkpointer, measuring, resolve_api_key
 
     script = load_script().first(tasks)
     under, over = parse_limits(fail_under, AGENT_FAIL_UNDER, fail_over, AGENT_FAIL_OVER)
@@ -315,7 +327,7 @@ def agent_cmd(
         base_url=base_url,
         model=model,
         timeout_s=timeout,
-        api_key=api_key,
+        api_key=resolve_api_key(api_key, api_key_file),
         serve_profile=serve_profile,
         env_file=env_file,
         out_dir=out_dir,
@@ -331,6 +343,7 @@ def agent_cmd(
                 system_tokens=system_tokens,
                 max_tokens=max_tokens,
                 on_turn=lambda turn: bar.step(turn_line(turn)),
+                on_section=checkpointer(out_dir, session.environment, "agent", out.warn),
             )
     gates = agent_gates(section, under, over)
     path = write_section(out_dir, session.environment, agent=section, gates={"agent": gates})
@@ -374,13 +387,15 @@ def compare_cmd(
     from glm53.bench.compare import COMPARE_FAIL_OVER, COMPARE_FAIL_UNDER, compare_gates, compare_reports
     from glm53.bench.gates import parse_limits
     from glm53.bench.render import comparison_table
+    from glm53.bench.report import json_safe
 
     under, over = parse_limits(fail_under, COMPARE_FAIL_UNDER, fail_over, COMPARE_FAIL_OVER)
     compared = compare_reports(a, b, profile=profile)
     comparison = compared.comparison
     out = Output(json_mode=json_out)
     if not under and not over:
-        out.result(comparison, lambda console: comparison_table(console, comparison))
+        # Valid JSON only: a value that is not a finite number is null, and `non_finite` says which.
+        out.result(json_safe(comparison.model_dump(mode="json")), lambda console: comparison_table(console, comparison))
         return
     gates = compare_gates(compared.candidate, under, over)
     payload = {**comparison.model_dump(mode="json"), "gated": str(compared.candidate_path)}

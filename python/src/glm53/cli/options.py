@@ -65,15 +65,6 @@ ReportDirOpt = Annotated[
 RequestTimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=1.0, help="Seconds without data before a request is given up.")
 ]
-ApiKeyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--api-key",
-        envvar="GLM53_API_KEY",
-        help="Bearer token, when the server wants one.",
-        show_default=False,
-    ),
-]
 ServeProfileOpt = Annotated[
     str | None,
     typer.Option("--serve-profile", help="Record this serving profile's resolved settings as the plan in force."),

@@ -25,6 +25,7 @@ from glm53.host.doctor import (
 from glm53.host.gpus import NoGpu, read_gpus
 from glm53.serve.profiles import load_profile
 from tests.support.cli import run_glm53
+from tests.support.server import free_port
 from tests.support.fake_nvml import FakeGpu, FakeNvml, two_3090s
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
@@ -182,7 +183,7 @@ def test_cli_json_and_exit_codes() -> None:
         "--root",
         str(FIXTURES / "gpu-host"),
         "--port",
-        "0",
+        str(free_port()),
         "--json",
     )
     data = ok.json()
@@ -201,7 +202,7 @@ def test_cli_json_and_exit_codes() -> None:
         "--root",
         str(FIXTURES / "old-desktop"),
         "--port",
-        "0",
+        str(free_port()),
     )
     assert bad.code == 1
     assert "memlock" in bad.stdout and "failed" in bad.stdout

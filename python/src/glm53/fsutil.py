@@ -52,7 +52,8 @@ def atomic_write_text(path: Path, text: str, *, overwrite: bool = True) -> None:
 
 
 def atomic_write_json(path: Path, value: Any, *, overwrite: bool = True) -> None:
-    atomic_write_text(path, json.dumps(value, indent=2, sort_keys=False) + "\n", overwrite=overwrite)
+    # allow_nan=False: NaN and Infinity are not JSON; a value that holds one is a bug to surface, not to write.
+    atomic_write_text(path, json.dumps(value, indent=2, sort_keys=False, allow_nan=False) + "\n", overwrite=overwrite)
 
 
 def _fsync_dir(directory: Path) -> None:

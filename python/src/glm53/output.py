@@ -28,7 +28,8 @@ class Output:
         """Emit a command's result: as JSON when asked, otherwise through `render`."""
         if self.json_mode:
             payload = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-            sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+            # allow_nan=False: every --json output parses with any strict JSON reader.
+            sys.stdout.write(json.dumps(payload, indent=2, allow_nan=False) + "\n")
             sys.stdout.flush()
         else:
             render(self.out)

@@ -1,36 +1,88 @@
 """Compile ExLlamaV3's bundled CUDA sources into `exllamav3_ext` ahead of time.
 
-Usage: build_ext.py SOURCES_DIR SITE_PACKAGES. Same sources and flags as the package's own JIT path
-(every .c/.cpp/.cu below SOURCES_DIR), so the prebuilt module behaves like the JIT-built one.
+Usage: build_ext.py SOURCES_DIR SITE_PACKAGES
+
+Same sources and flags as the package's own JIT path in exllamav3/ext.py (every .c/.cpp/.cu below
+SOURCES_DIR, the same nvcc and host flags), so the prebuilt module behaves like the JIT-built one.
+The module lands at SITE_PACKAGES/exllamav3_ext.<abi>.so: ext.py looks up the top-level module
+`exllamav3_ext` first and imports it instead of compiling.
+
+Environment: TORCH_CUDA_ARCH_LIST (required: a build machine has no GPU to guess from, and torch's
+fallback would compile for every architecture it knows), CUDA_HOME, MAX_JOBS (parallel compiles),
+NVCC_THREADS (optional, nvcc --threads: compiles a unit's architectures in parallel; no effect on code).
+Intermediate objects go to ./build (setuptools' default) in the working directory.
 """
 
+import glob
 import os
 import sys
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-sources_dir, site_packages = sys.argv[1], sys.argv[2]
-sources = sorted(
-    os.path.join(root, name)
-    for root, _, names in os.walk(sources_dir)
-    for name in names
-    if name.endswith((".c", ".cpp", ".cu"))
-)
-sys.argv = [sys.argv[0], "build_ext", "--build-lib", site_packages]
-setup(
-    name="exllamav3_ext",
-    ext_modules=[
-        CUDAExtension(
-            "exllamav3_ext",
-            sources,
-            include_dirs=[sources_dir],
-            extra_compile_args={
-                "cxx": ["-Ofast"],
-                "nvcc": ["-lineinfo", "-O3", "--use_fast_math", "-Xcudafe", "--diag_suppress=177",
-                         "-Xcudafe", "--diag_suppress=20012"],
-            },
-        )
-    ],
-    cmdclass={"build_ext": BuildExtension},
-)
+EXTENSION_NAME = "exllamav3_ext"
+
+# exllamav3/ext.py 1.4.6, non-Windows branch, with verbose and ext_debug off.
+CXX_FLAGS = ["-Ofast"]
+NVCC_FLAGS = [
+    "-lineinfo",
+    "-O3",
+    "--use_fast_math",
+    "-Xcudafe",
+    "--diag_suppress=177",
+    "-Xcudafe",
+    "--diag_suppress=20012",
+]
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.exit(f"usage: {argv[0]} SOURCES_DIR SITE_PACKAGES")
+    sources_dir, site_packages = (os.path.abspath(path) for path in argv[1:])
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        sys.exit("build_ext.py: set TORCH_CUDA_ARCH_LIST (e.g. '8.6;9.0'); there is no GPU to read it from")
+    sources = sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(sources_dir)
+        for name in names
+        if name.endswith((".c", ".cpp", ".cu"))
+    )
+    if not sources:
+        sys.exit(f"build_ext.py: no .c/.cpp/.cu sources below {sources_dir}")
+
+    nvcc_flags = list(NVCC_FLAGS)
+    if cuda_host_cxx := os.environ.get("CUDAHOSTCXX"):
+        nvcc_flags += ["-ccbin", cuda_host_cxx]  # as ext.py does
+    threads = os.environ.get("NVCC_THREADS", "")
+    if threads not in ("", "1"):
+        nvcc_flags += [f"--threads={int(threads)}"]
+
+    print(
+        f"build_ext.py: {len(sources)} sources, TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, "
+        f"MAX_JOBS={os.environ.get('MAX_JOBS', '(torch default)')}",
+        flush=True,
+    )
+    setup(
+        name=EXTENSION_NAME,
+        # Nothing but the extension: no package discovery in the working directory.
+        packages=[],
+        py_modules=[],
+        ext_modules=[
+            CUDAExtension(
+                EXTENSION_NAME,
+                sources,
+                include_dirs=[sources_dir],
+                extra_compile_args={"cxx": CXX_FLAGS, "nvcc": nvcc_flags},
+            )
+        ],
+        cmdclass={"build_ext": BuildExtension},
+        script_args=["build_ext", "--build-lib", site_packages],
+    )
+    built = glob.glob(os.path.join(site_packages, EXTENSION_NAME + ".*"))
+    if len(built) != 1:
+        sys.exit(f"build_ext.py: expected one {EXTENSION_NAME} module in {site_packages}, found {built}")
+    print(f"build_ext.py: built {built[0]} ({os.path.getsize(built[0])} bytes)", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

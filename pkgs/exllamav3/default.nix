@@ -4,23 +4,40 @@
 {
   lib,
   buildPythonPackage,
+  callPackage,
   fetchurl,
-  torch,
+  which,
+  # build
   ninja,
   setuptools,
-  safetensors,
+  # dependencies (the wheel's Requires-Dist)
+  torch,
   tokenizers,
   numpy,
-  pydantic,
   rich,
-  cudaPackages,
-  which,
+  typing-extensions,
+  safetensors,
+  pillow,
+  pyyaml,
+  marisa-trie,
+  pydantic,
+  llguidance,
+  einops,
+  transformers,
   glmLib,
 }:
 let
   pin = glmLib.pins.exllamav3;
   archList = lib.concatStringsSep ";" glmLib.pins.cuda.capabilities;
+  # nvcc must be the CUDA that torch was built with: torch.utils.cpp_extension refuses another major
+  # version, and a different minor would link against a second libcudart. So the set is torch's, and
+  # the lock's engine.cuda.version must name it.
+  inherit (torch) cudaPackages;
+  cudaVersion = cudaPackages.cudaMajorMinorVersion;
+  fla = callPackage ./fla.nix { inherit torch einops transformers; };
 in
+assert lib.assertMsg (cudaVersion == glmLib.pins.cuda.version)
+  "repro.lock.json: engine.cuda.version is ${glmLib.pins.cuda.version}, but torch at the pinned nixpkgs is built with CUDA ${cudaVersion}; ExLlamaV3 is compiled with torch's CUDA, so set engine.cuda.version to ${cudaVersion} (or move torch to another cudaPackages set in nix/nixpkgs.nix)";
 buildPythonPackage {
   pname = "exllamav3";
   inherit (pin) version;
@@ -30,9 +47,17 @@ buildPythonPackage {
     inherit (pin.wheel) url hash;
   };
 
+  # torch propagates python ninja, whose setup hook would otherwise make `ninja` the build, install
+  # and check phases of this wheel install ("loading 'build.ninja': No such file or directory").
+  # ninja stays on PATH for torch's BuildExtension in postInstall.
+  dontUseNinjaBuild = true;
+  dontUseNinjaInstall = true;
+  dontUseNinjaCheck = true;
+
   nativeBuildInputs = [
     ninja
     which
+    setuptools # build_ext.py runs setuptools' build_ext
     cudaPackages.cuda_nvcc
   ];
   buildInputs = with cudaPackages; [
@@ -45,27 +70,49 @@ buildPythonPackage {
   ];
   dependencies = [
     torch
-    safetensors
     tokenizers
     numpy
-    pydantic
     rich
+    typing-extensions
+    safetensors
+    ninja
+    pillow
+    pyyaml
+    marisa-trie
+    pydantic
+    llguidance
+    fla.flash-linear-attention
+    # exllamav3/ext.py imports torch.utils.cpp_extension, which imports setuptools (no distutils in 3.12+).
+    setuptools
   ];
 
   # Built after the wheel is installed: compile the bundled sources into a real extension module
-  # beside the package, which exllamav3/ext.py prefers over its JIT path.
+  # beside the package (site-packages/exllamav3_ext.*.so), which exllamav3/ext.py imports instead of
+  # JIT-compiling. Checked on an H200 (sm_86 + sm_90): see docs/nix.md, "Building the engine".
   postInstall = ''
-    export CUDA_HOME=${cudaPackages.cuda_nvcc}
+    export CUDA_HOME=${lib.getDev cudaPackages.cuda_nvcc}
     export TORCH_CUDA_ARCH_LIST="${archList}"
     export MAX_JOBS=$NIX_BUILD_CORES
     site=$out/${torch.pythonModule.sitePackages}
-    ${torch.pythonModule.interpreter} ${./build_ext.py} "$site/exllamav3/exllamav3_ext" "$site"
+    (cd "$NIX_BUILD_TOP" && ${torch.pythonModule.interpreter} ${./build_ext.py} "$site/exllamav3/exllamav3_ext" "$site")
   '';
 
-  pythonImportsCheck = [ ];
+  # torch first (it loads libc10 and libtorch), then the module: loading it resolves every symbol
+  # against torch and the CUDA runtime, so a link error fails the build; it needs no GPU (the module
+  # opens libcuda lazily). `exllamav3` itself imports fla and triton, which probe the driver: that
+  # import is checked on GPU machines.
+  pythonImportsCheck = [
+    "torch"
+    "exllamav3_ext"
+  ];
+
+  passthru = {
+    inherit cudaPackages;
+    inherit (fla) fla-core flash-linear-attention;
+  };
 
   meta = {
-    description = "ExLlamaV3 ${pin.version} (${pin.rev}) with its CUDA extension prebuilt";
+    description = "ExLlamaV3 ${pin.version} (${pin.rev}) with its CUDA extension prebuilt for sm ${archList}";
     homepage = pin.url;
     license = lib.licenses.mit;
     platforms = [ "x86_64-linux" ];

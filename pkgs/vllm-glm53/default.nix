@@ -1,10 +1,16 @@
-# vLLM at the recipe's vendor commit with the GLM-5.3 overlay applied, built from nixpkgs' vLLM recipe
-# (which already pins CUTLASS, FlashMLA and flash-attention as separate fetches) for sm_86 only.
-# Both commits are published only in short form: the lock holds null until someone fills the full
-# commit and hash, and evaluation stops with that instruction instead of building something else.
+# vLLM at the recipe's vendor commit with the GLM-5.3 overlay applied, built with nixpkgs' vLLM recipe
+# for its inputs (dependencies, CUDA libraries, cmake flags) but with this commit's own patch set and
+# CMake sources, for the lock's capabilities only.
+# nixpkgs' recipe (pkgs/development/python-modules/vllm) patches and substitutes a tagged release
+# (0.11.x on nixos-25.11); none of that applies to the vendor commit, so `patches` and `postPatch`
+# are set here from scratch, not inherited. The sources vLLM's CMake would fetch (FetchContent) are
+# fixed-output fetches below: the build sandbox is offline.
+# Every commit here is published only in short form or depends on the vendor commit: they are null
+# until someone fills them in, and evaluation stops with the field to fill, not with a hash mismatch.
 {
   lib,
   vllm,
+  torch,
   fetchFromGitHub,
   exllamav3-glm53,
   glmLib,
@@ -12,6 +18,7 @@
 let
   inherit (glmLib) requirePin;
   pins = glmLib.pins;
+
   engineSrc = fetchFromGitHub {
     owner = "vllm-project";
     repo = "vllm";
@@ -24,17 +31,150 @@ let
     rev = requirePin "engine.glm53_overlay.rev" pins.glm53_overlay.rev;
     hash = requirePin "engine.glm53_overlay.hash" pins.glm53_overlay.hash;
   };
+
+  # What vLLM's CMake fetches at the vendor commit. Read each rev from the named file of the vendor
+  # commit (GIT_TAG / the default tag), then the hash from a first build's mismatch message.
+  cmakeSource =
+    {
+      name,
+      owner,
+      repo,
+      rev,
+      hash,
+      readFrom,
+    }:
+    fetchFromGitHub {
+      name = "${name}-source";
+      inherit owner repo;
+      rev = requirePin "pkgs/vllm-glm53: ${name} rev (${readFrom})" rev;
+      hash = requirePin "pkgs/vllm-glm53: ${name} hash" hash;
+    };
+  cutlass = cmakeSource {
+    name = "cutlass";
+    owner = "NVIDIA";
+    repo = "cutlass";
+    rev = null;
+    hash = null;
+    readFrom = "CMakeLists.txt, CUTLASS_REVISION";
+  };
+  flashmla = cmakeSource {
+    name = "flashmla";
+    owner = "vllm-project";
+    repo = "FlashMLA";
+    rev = null;
+    hash = null;
+    readFrom = "cmake/external_projects/flashmla.cmake, GIT_TAG";
+  };
+  flashmlaCutlass = cmakeSource {
+    name = "flashmla-cutlass";
+    owner = "NVIDIA";
+    repo = "cutlass";
+    rev = null;
+    hash = null;
+    readFrom = "the csrc/cutlass submodule commit of that FlashMLA revision";
+  };
+  vllmFlashAttn = cmakeSource {
+    name = "vllm-flash-attn";
+    owner = "vllm-project";
+    repo = "flash-attention";
+    rev = null;
+    hash = null;
+    readFrom = "cmake/external_projects/vllm_flash_attn.cmake, GIT_TAG";
+  };
+  qutlass = cmakeSource {
+    name = "qutlass";
+    owner = "IST-DASLab";
+    repo = "qutlass";
+    rev = null;
+    hash = null;
+    readFrom = "cmake/external_projects/qutlass.cmake, GIT_TAG";
+  };
+  tritonKernels = cmakeSource {
+    name = "triton-kernels";
+    owner = "triton-lang";
+    repo = "triton";
+    rev = null;
+    hash = null;
+    readFrom = "cmake/external_projects/triton_kernels.cmake, DEFAULT_TRITON_KERNELS_TAG";
+  };
+
+  # Submodules the CMake projects expect, replaced by the fetched CUTLASS.
+  withCutlass =
+    name: src: cutlassSrc:
+    torch.stdenv.mkDerivation {
+      name = "${name}-with-cutlass";
+      inherit src;
+      dontConfigure = true;
+      dontBuild = true;
+      installPhase = ''
+        rm -rf csrc/cutlass
+        ln -s ${cutlassSrc} csrc/cutlass
+        cp -r . $out
+      '';
+    };
+
+  # The lock's capabilities, as CMake's CUDA architectures (8.6 -> 86).
+  cudaArchitectures = lib.concatMapStringsSep ";" (lib.replaceStrings [ "." ] [ "" ]) (
+    pins.cuda.capabilities
+  );
+  sourceDirs = {
+    FLASH_MLA_SRC_DIR = "${withCutlass "flashmla" flashmla flashmlaCutlass}";
+    VLLM_FLASH_ATTN_SRC_DIR = "${withCutlass "vllm-flash-attn" vllmFlashAttn cutlass}";
+    QUTLASS_SRC_DIR = "${qutlass}";
+  };
+
+  cmakeArgs = [
+    (lib.cmakeBool "FETCHCONTENT_FULLY_DISCONNECTED" true)
+    (lib.cmakeFeature "FETCHCONTENT_SOURCE_DIR_CUTLASS" "${cutlass}")
+    (lib.cmakeFeature "TORCH_CUDA_ARCH_LIST" (lib.concatStringsSep ";" pins.cuda.capabilities))
+    (lib.cmakeFeature "CUTLASS_NVCC_ARCHS_ENABLED" cudaArchitectures)
+  ]
+  ++ lib.mapAttrsToList lib.cmakeFeature sourceDirs
+  # nixpkgs' flags that name no source (CUDA toolkit root, cuDNN, cuFile, cuBLAS), kept as they are.
+  ++ lib.filter (
+    flag:
+    !(lib.any (key: lib.hasInfix key flag) [
+      "FETCHCONTENT_SOURCE_DIR_CUTLASS"
+      "FLASH_MLA_SRC_DIR"
+      "VLLM_FLASH_ATTN_SRC_DIR"
+      "QUTLASS_SRC_DIR"
+      "TORCH_CUDA_ARCH_LIST"
+      "CUTLASS_NVCC_ARCHS_ENABLED"
+    ])
+  ) (vllm.cmakeFlags or [ ]);
+
+  cudaVersion = vllm.passthru.cudaPackages.cudaMajorMinorVersion or torch.cudaPackages.cudaMajorMinorVersion;
 in
+assert lib.assertMsg (cudaVersion == pins.cuda.version)
+  "repro.lock.json: engine.cuda.version is ${pins.cuda.version}, but vLLM at the pinned nixpkgs builds with CUDA ${cudaVersion}";
 (vllm.override { gpuTargets = pins.cuda.capabilities; }).overridePythonAttrs (old: {
   version = pins.vllm.version;
   src = engineSrc;
-  # The overlay is a tree of files laid over vLLM's package (model, quantization and kernel glue for
-  # GLM-5.3 and EXL3); copying it is the whole of "applying" it.
-  postPatch = (old.postPatch or "") + ''
+
+  # nixpkgs' patches and substitutions target its own release; none is carried over.
+  patches = [ ];
+  postPatch = ''
+    # The overlay is a tree of files laid over vLLM's package (model, quantization and kernel glue for
+    # GLM-5.3 and EXL3); copying it is the whole of "applying" it.
     cp -r --no-preserve=mode ${overlaySrc}/vllm/. vllm/
+
+    # nixpkgs provides torch and setuptools at its own versions; the build-system pins are exact.
+    sed -i -E 's/"torch ?==[^"]*"/"torch"/; s/"setuptools[<>=][^"]*"/"setuptools"/' pyproject.toml
+
+    # CMake's supported-Python list lags nixpkgs' interpreter.
+    sed -i -E 's/set\(PYTHON_SUPPORTED_VERSIONS /set(PYTHON_SUPPORTED_VERSIONS "${lib.versions.majorMinor torch.pythonModule.version}" /' CMakeLists.txt
   '';
+
   dependencies = (old.dependencies or [ ]) ++ [ exllamav3-glm53 ];
+
+  # nixpkgs passes cmakeFlags to vLLM's setup.py through its own setup.py patch, dropped above; the
+  # vendor setup.py reads CMAKE_ARGS instead, and the source-dir variables are also read from the
+  # environment by cmake/external_projects/*.cmake.
+  cmakeFlags = cmakeArgs;
   env = (old.env or { }) // {
     SETUPTOOLS_SCM_PRETEND_VERSION = pins.vllm.version;
+    CMAKE_ARGS = lib.concatStringsSep " " cmakeArgs;
+    inherit (sourceDirs) FLASH_MLA_SRC_DIR VLLM_FLASH_ATTN_SRC_DIR QUTLASS_SRC_DIR;
+    TRITON_KERNELS_SRC_DIR = "${tritonKernels}/python/triton_kernels/triton_kernels";
   };
 })

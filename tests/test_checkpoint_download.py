@@ -166,8 +166,11 @@ def test_download_refuses_a_branch_name_and_a_mismatched_lock(hub: FakeHub, sour
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
 def test_an_interrupted_download_continues_from_the_bytes_on_disk(
-    hub: FakeHub, source: Path, tmp_path: Path, sig: signal.Signals
+    hub: FakeHub, source: Path, tmp_path: Path, sig: signal.Signals, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The stalled transfer must stay stalled until the signal lands: with huggingface_hub's default read
+    # timeout (10 s) a slow machine would see it time out, resume with a Range request and finish first.
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "600")
     target = tmp_path / "dl"
     part = partial_path(target, BIG)
     size = (source / BIG).stat().st_size

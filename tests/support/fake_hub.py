@@ -18,6 +18,8 @@ Breaking transfers, to test resuming (each keyed by the file's path in the repo)
   drops the header;
 - `stall_after`: the first whole-file GET of the file sends N body bytes, sets `stalled`, then sends nothing
   more until `release` is set, and closes the connection: the test kills the downloading process meanwhile.
+Not being the Hub:
+- `canned`: (status, content type, body) answers every request, e.g. a captive portal's HTML login page.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class FakeHub:
     stall_after: dict[str, int] = field(default_factory=dict)
     stalled: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    canned: tuple[int, str, bytes] | None = None
     url: str = ""
 
     def add_repo(self, repo: str, commit: str, folder: Path, *, branch: str = "main") -> None:
@@ -165,6 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(parts.path)
         query = parse_qs(parts.query)
         self.hub.requests.append(Request(self.command, path, self.headers.get("Range")))
+        if self.hub.canned is not None:
+            status, content_type, body = self.hub.canned
+            return self._send(status, body, content_type=content_type)
         if path.startswith("/api/models/"):
             found = self._repo_and_rest(path, "/api/models/")
             if found is None:

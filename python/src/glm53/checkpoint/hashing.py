@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from glm53.errors import BadInput
-from glm53.fsutil import atomic_write_json
+from glm53.fsutil import atomic_write_json, read_json
 
 READ_CHUNK = 16 * 1024 * 1024
 CACHE_VERSION = 1
@@ -78,7 +78,17 @@ def sha256_file(
     view = memoryview(buf)
     digest = hashlib.sha256()
     remaining = -1 if limit is None else limit
-    with open(path, "rb", buffering=0) as handle:
+    # O_NONBLOCK: a FIFO put in a file's place must not block the reader forever; anything but a regular
+    # file is refused before a byte is read.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb", buffering=0) as handle:
         with contextlib.suppress(AttributeError, OSError):
             os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while remaining:
@@ -92,29 +102,62 @@ def sha256_file(
     return digest.hexdigest()
 
 
+class NotARegularFile(OSError):
+    """A path listed as a file is now a directory, a FIFO, a device or a socket."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"{path} is not a regular file")
+        self.filename = str(path)
+
+
 def hash_files(
-    paths: Iterable[Path], *, jobs: int | None = None, progress: HashProgress | None = None
+    paths: Iterable[Path],
+    *,
+    jobs: int | None = None,
+    progress: HashProgress | None = None,
+    unreadable: list[Path] | None = None,
 ) -> dict[Path, str]:
-    """SHA-256 of every file, `jobs` files at a time (default: the CPUs this process may use)."""
-    sized = sorted(((p, os.stat(p).st_size) for p in paths), key=lambda item: -item[1])
+    """SHA-256 of every file, `jobs` files at a time (default: the CPUs this process may use).
+
+    With `unreadable` given, a file that vanished, became a directory or a FIFO, or cannot be read is appended
+    there and left out of the answer instead of raising (a verify must report it, not crash).
+    """
+    sized: list[tuple[Path, int]] = []
+    for p in paths:
+        try:
+            sized.append((p, os.stat(p).st_size))
+        except OSError:
+            if unreadable is None:
+                raise
+            unreadable.append(p)
+    sized.sort(key=lambda item: -item[1])
     if progress is not None:
         progress.start(sum(size for _, size in sized), len(sized))
     workers = max(1, min(jobs or default_jobs(), len(sized) or 1))
     local = threading.local()
 
-    def work(item: tuple[Path, int]) -> tuple[Path, str]:
+    def work(item: tuple[Path, int]) -> tuple[Path, str | None]:
         path, size = item
         buffer = getattr(local, "buffer", None)
         if buffer is None:
             buffer = local.buffer = bytearray(READ_CHUNK)
         on_bytes = progress.advance if progress else None
         # Read what the file held when listed; a file that grows meanwhile shows up in its stamps.
-        return path, sha256_file(path, buffer=buffer, on_bytes=on_bytes, limit=size)
+        try:
+            return path, sha256_file(path, buffer=buffer, on_bytes=on_bytes, limit=size)
+        except OSError:
+            if unreadable is None:
+                raise
+            return path, None
 
     if workers == 1:
-        return dict(work(item) for item in sized)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sha256") as pool:
-        return dict(pool.map(work, sized))
+        results = [work(item) for item in sized]
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sha256") as pool:
+            results = list(pool.map(work, sized))
+    if unreadable is not None:
+        unreadable.extend(path for path, digest in results if digest is None)
+    return {path: digest for path, digest in results if digest is not None}
 
 
 def cache_dir() -> Path:
@@ -132,10 +175,12 @@ class StatCache:
         self._load()
 
     def _load(self) -> None:
-        try:
-            raw = json.loads(self.path.read_bytes())
-        except (OSError, ValueError):
-            return  # no cache, or an unreadable one: it is only a cache, start afresh
+        if not self.path.exists():
+            return
+        try:  # bounded, refuses a FIFO or a device, and turns every JSON defect (nesting, huge integers) into
+            raw = read_json(self.path, what="sha256 stat cache")  # BadInput
+        except (OSError, BadInput):
+            return  # an unreadable or corrupt cache is only a cache: ignore it, hash afresh
         if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION and isinstance(raw.get("entries"), dict):
             self._entries = {k: v for k, v in raw["entries"].items() if _valid_entry(v)}
 
@@ -199,6 +244,8 @@ class HashOutcome:
     bytes_hashed: int
     bytes_cached: int
     changed_while_hashing: list[Path]
+    # Vanished, replaced by a directory/FIFO, or unreadable while being hashed: no digest in `sha256`.
+    vanished: list[Path] = field(default_factory=list)
 
 
 def hash_with_cache(
@@ -211,7 +258,14 @@ def hash_with_cache(
 ) -> HashOutcome:
     """Hash `paths`, answering unchanged files from the stat cache and recording fresh hashes in it."""
     cache = (cache or StatCache()) if use_cache else None
-    stamps = {p: FileStamp.of(os.stat(p)) for p in paths}
+    vanished: list[Path] = []
+    stamps: dict[Path, FileStamp] = {}
+    for p in paths:
+        stamp = _stamp(p)
+        if stamp is None:
+            vanished.append(p)
+        else:
+            stamps[p] = stamp
     known: dict[Path, str] = {}
     todo: list[Path] = []
     for path, stamp in stamps.items():
@@ -221,10 +275,14 @@ def hash_with_cache(
         else:
             known[path] = cached
     recorded_ns = time.time_ns()
-    fresh = hash_files(todo, jobs=jobs, progress=progress)
+    fresh = hash_files(todo, jobs=jobs, progress=progress, unreadable=vanished)
     changed: list[Path] = []
-    for path, digest in fresh.items():
-        after = FileStamp.of(os.stat(path))
+    for path, digest in list(fresh.items()):
+        after = _stamp(path)
+        if after is None:  # gone (or no longer a regular file) once read: no digest describes it
+            del fresh[path]
+            vanished.append(path)
+            continue
         if after != stamps[path]:
             changed.append(path)  # written to while being read: the digest describes no single state
             continue
@@ -237,13 +295,24 @@ def hash_with_cache(
         bytes_hashed=sum(stamps[p].size for p in todo),
         bytes_cached=sum(stamps[p].size for p in known),
         changed_while_hashing=changed,
+        vanished=vanished,
     )
+
+
+def _stamp(path: Path) -> FileStamp | None:
+    """The stamp of a regular file, None when it is gone or is something else now (a directory, a FIFO)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return FileStamp.of(st) if stat.S_ISREG(st.st_mode) else None
 
 
 __all__ = [
     "FileStamp",
     "HashOutcome",
     "HashProgress",
+    "NotARegularFile",
     "StatCache",
     "cache_dir",
     "default_jobs",

@@ -8,20 +8,28 @@ down past the retries): the next run asks only for the missing bytes with `Range
 own downloader cannot do that across runs (it writes a per-process temp file and deletes it on failure), so
 it serves here only for the HTTP plumbing: auth headers, redirects, retries within a run.
 
-Then every byte is verified. A file whose hash is wrong after it was continued from an earlier run's bytes
-(the partial held other content) is fetched once more from byte 0 and verified again.
+Each file is hashed while it arrives (the kept bytes of an earlier run first) and renamed into place only when
+its sha256 is the locked one: nothing under a final name is unverified. A file whose hash is wrong after it was
+continued from an earlier run's bytes (the partial held other content) is fetched once more from byte 0; bytes
+that still fail are moved to DIR/.cache/glm53/partial/<path>.corrupt, where no loader looks. Then every byte is
+verified once more against the lock.
+
+Every path written (the lock, partial files, their folders, the files) must stay inside DIR: a symlink on the
+way that leads elsewhere is refused before anything is written.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import io
 import os
 import queue
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
@@ -33,13 +41,15 @@ from glm53.checkpoint.lock import (
     default_lock_path,
     hub_endpoint,
     hub_errors,
+    hub_headers,
     load_lock,
     lock_from_hub,
     require_full_revision,
+    require_repo_id,
     write_lock,
 )
 from glm53.checkpoint.verify import VerifyReport, verify_checkpoint
-from glm53.errors import BadInput, CheckFailed
+from glm53.errors import BadInput, CheckFailed, Unavailable
 
 PARTIAL_DIR = Path(".cache") / "glm53" / "partial"
 
@@ -64,6 +74,7 @@ class DownloadResult(BaseModel):
     bytes_fetched: int
     bytes_resumed: int
     refetched: list[str]
+    quarantined: dict[str, str] = {}  # locked path -> where the bytes that failed their sha256 were moved
     verify: VerifyReport
 
 
@@ -72,11 +83,71 @@ def partial_path(model_dir: Path, relative: str) -> Path:
     return Path(model_dir) / PARTIAL_DIR / f"{relative}.part"
 
 
+def quarantine_path(model_dir: Path, relative: str) -> Path:
+    """Where bytes that failed their sha256 are moved: beside the partial files, where no loader looks."""
+    return Path(model_dir) / PARTIAL_DIR / f"{relative}.corrupt"
+
+
+def confined(model_dir: Path, relative: str | PurePath) -> Path:
+    """`model_dir / relative`, refused (BadInput naming the path and the link) when a symlink on the way, the
+    last component included, leads outside `model_dir`: a download writes inside its directory only."""
+    root = Path(model_dir)
+    root_real = root.resolve()
+    current = root
+    for part in PurePosixPath(relative).parts:
+        current = current / part
+        if current.is_symlink():
+            real = current.resolve()
+            if real != root_real and root_real not in real.parents:
+                raise BadInput(
+                    f"{root / relative} would be written through the symlink {current} -> {os.readlink(current)}, "
+                    f"which leads outside {root}",
+                    hint="remove the link (or replace it with a real directory), then run the same command again",
+                )
+    return root / relative
+
+
+def _local_error(path: Path, exc: OSError, model_dir: Path) -> BadInput:
+    """A failure of this machine's file system while downloading: the directory, never the network."""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        return BadInput(
+            f"no space left on device while writing {path}",
+            hint="free space, then run the same command again: the bytes written so far are kept",
+        )
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return BadInput(
+            f"cannot write {path}: {reason}",
+            hint=f"make --model-dir {model_dir} writable, or pass a writable one",
+        )
+    if exc.errno == errno.ELOOP:
+        return BadInput(f"cannot write {path}: it is a symlink", hint="remove the link, then run again")
+    return BadInput(f"cannot write {path}: {reason}", hint=f"check --model-dir {model_dir}")
+
+
+def _require_writable(model_dir: Path, why: str) -> None:
+    if not os.access(model_dir, os.W_OK | os.X_OK):
+        raise BadInput(
+            f"--model-dir {model_dir} is not writable ({why})",
+            hint="make it writable (not a read-only mount), or pass another --model-dir",
+        )
+
+
+def _confine_all(model_dir: Path, lock: CheckpointLock) -> None:
+    """Every path the download of `lock` may write, checked before the first byte is written."""
+    for f in lock.files:
+        confined(model_dir, f.path)
+        confined(model_dir, PARTIAL_DIR / f"{f.path}.part")
+        confined(model_dir, PARTIAL_DIR / f"{f.path}.corrupt")
+
+
 def resolve_lock(
     repo: str, revision: str, model_dir: Path, lock_path: Path | None, *, endpoint: str | None = None
 ) -> tuple[CheckpointLock, Path, bool]:
     """The lock to download against, and whether it was made now."""
     path = lock_path or default_lock_path(model_dir)
+    if lock_path is None:
+        path = confined(model_dir, path.name)
     if path.exists():
         lock = load_lock(path)
         if (lock.repo, lock.revision) != (repo, revision):
@@ -88,7 +159,12 @@ def resolve_lock(
     if lock_path is not None:
         raise BadInput(f"checkpoint lock not found: {lock_path}")
     lock = lock_from_hub(repo, revision, endpoint=endpoint)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    _confine_all(model_dir, lock)  # before the lock, the first thing written
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _local_error(model_dir, exc, model_dir) from exc
+    _require_writable(model_dir, f"the lock {path.name} is written there")
     write_lock(lock, path)
     return lock, path, True
 
@@ -98,26 +174,47 @@ class _Stopped(Exception):
 
 
 class _PartFile(io.FileIO):
-    """The partial file, opened without truncating it and written unbuffered (every byte written is in the file
-    even if the process is killed), reporting each write (and a truncation, when a server ignored the Range) and
-    refusing to go on once the run is stopped."""
+    """The partial file, opened without truncating it (nor through a symlink) and written unbuffered (every byte
+    written is in the file even if the process is killed), reporting each write (and a truncation, when a server
+    ignored the Range), hashing what it holds as it grows, and refusing to go on once the run is stopped."""
 
-    def __init__(self, path: Path, on_bytes: Callable[[int], None], stop: threading.Event) -> None:
-        super().__init__(path, "r+", opener=lambda name, flags: os.open(name, flags | os.O_CREAT, 0o644))
+    def __init__(self, path: Path, on_bytes: Callable[[int], None], stop: threading.Event, model_dir: Path) -> None:
+        flags = os.O_CREAT | os.O_NOFOLLOW
+        super().__init__(path, "r+", opener=lambda name, mode: os.open(name, mode | flags, 0o644))
         self.seek(0, io.SEEK_END)
         self._on_bytes = on_bytes
         self._stop = stop
+        self._model_dir = model_dir
+        self._digest = hashlib.sha256()
+        self._hashed = 0  # the digest covers the file's bytes [0, _hashed)
+
+    def _hash_up_to(self, end: int) -> None:
+        """Bring the digest to the bytes [0, end): the kept bytes of an earlier run, or after a rewind."""
+        if end < self._hashed:
+            self._digest, self._hashed = hashlib.sha256(), 0
+        while self._hashed < end:
+            chunk = os.pread(self.fileno(), min(end - self._hashed, 16 * 1024 * 1024), self._hashed)
+            if not chunk:
+                break
+            self._digest.update(chunk)
+            self._hashed += len(chunk)
 
     def write(self, data: Any) -> int:
         if self._stop.is_set():
             raise _Stopped
         view = memoryview(data).cast("B")
         written = 0
-        while written < len(view):
-            n = super().write(view[written:])
-            if not n:
-                raise OSError(f"cannot write to {self.name}")
-            written += n
+        try:
+            self._hash_up_to(self.tell())
+            while written < len(view):
+                n = super().write(view[written:])
+                if not n:
+                    raise OSError(errno.EIO, "short write")
+                written += n
+        except OSError as exc:  # the disk, not the network: say so (ENOSPC, EROFS, EIO)
+            raise _local_error(Path(str(self.name)), exc, self._model_dir) from exc
+        self._digest.update(view[:written])
+        self._hashed += written
         self._on_bytes(written)
         return written
 
@@ -126,6 +223,11 @@ class _PartFile(io.FileIO):
         after = super().truncate(size)  # at the current position when size is None; the position stays
         self._on_bytes(after - before)
         return after
+
+    def sha256(self) -> str:
+        """SHA-256 of the whole file as it is now."""
+        self._hash_up_to(os.fstat(self.fileno()).st_size)
+        return self._digest.hexdigest()
 
 
 @dataclass
@@ -151,17 +253,21 @@ class _Fetcher:
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self.bytes_fetched = 0
+        self.mismatched: dict[str, str] = {}  # path -> sha256 of the bytes received, left in the partial file
 
     def plan(self, files: Iterable[LockedFile], *, fresh: bool) -> list[_Job]:
         jobs = []
         for f in files:
-            part = partial_path(self.model_dir, f.path)
-            if fresh:
-                part.unlink(missing_ok=True)
-            kept = part.stat().st_size if part.is_file() else 0
-            if kept > f.size:  # longer than the locked file: not a prefix of it
-                part.unlink()
-                kept = 0
+            part = confined(self.model_dir, PARTIAL_DIR / f"{f.path}.part")
+            try:
+                if fresh:
+                    part.unlink(missing_ok=True)
+                kept = part.stat().st_size if part.is_file() else 0
+                if kept > f.size:  # longer than the locked file: not a prefix of it
+                    part.unlink()
+                    kept = 0
+            except OSError as exc:
+                raise _local_error(part, exc, self.model_dir) from exc
             jobs.append(_Job(f, part, kept))
         return jobs
 
@@ -214,12 +320,17 @@ class _Fetcher:
     def _fetch(self, job: _Job) -> None:
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.file_download import http_get
-        from huggingface_hub.utils._headers import build_hf_headers
         from huggingface_hub.utils.tqdm import silent_tqdm
 
         f = job.file
         url = hf_hub_url(self.repo, f.path, revision=self.revision, endpoint=self.endpoint)
         meta = get_hf_file_metadata(url, endpoint=self.endpoint, retry_on_errors=True)
+        if meta.commit_hash is None and meta.etag is None:  # a login page or a proxy's answer, not a Hub file
+            raise Unavailable(
+                f"{url} answered without the Hub's headers (no X-Repo-Commit, no ETag): not the Hub's API",
+                hint=f"check HF_ENDPOINT (now {self.endpoint or 'unset: https://huggingface.co'}) and that no "
+                "proxy or captive portal intercepts the connection",
+            )
         if meta.commit_hash is not None and meta.commit_hash != self.revision:
             raise CheckFailed(f"the Hub answered {f.path} from commit {meta.commit_hash}, not {self.revision}")
         if meta.size is not None and meta.size != f.size:
@@ -227,10 +338,14 @@ class _Fetcher:
                 f"the Hub serves {meta.size:,} bytes for {f.path} at {self.revision}; the lock says {f.size:,}",
                 hint="check that the lock belongs to this repository and revision",
             )
-        job.part.parent.mkdir(parents=True, exist_ok=True)
-        headers = build_hf_headers()
+        try:
+            job.part.parent.mkdir(parents=True, exist_ok=True)
+            handle = _PartFile(job.part, self._advance, self.stop, self.model_dir)
+        except OSError as exc:
+            raise _local_error(job.part, exc, self.model_dir) from exc
+        headers = hub_headers()
         headers["Accept-Encoding"] = "identity"  # byte offsets must be those of the file, not of a gzip stream
-        with _PartFile(job.part, self._advance, self.stop) as handle:
+        with handle:
             try:  # two runs appending to one partial file would interleave their bytes
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -247,9 +362,21 @@ class _Fetcher:
                 displayed_filename=f.path,
                 tqdm_class=cast(Any, silent_tqdm),
             )
-        target = self.model_dir / f.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        job.part.replace(target)
+            try:
+                digest = handle.sha256()
+                os.fsync(handle.fileno())
+            except OSError as exc:
+                raise _local_error(job.part, exc, self.model_dir) from exc
+        if digest != f.sha256:  # not the locked file: it stays out of its final name
+            with self._lock:
+                self.mismatched[f.path] = digest
+            return
+        target = confined(self.model_dir, f.path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            job.part.replace(target)
+        except OSError as exc:
+            raise _local_error(target, exc, self.model_dir) from exc
 
 
 def download_checkpoint(
@@ -267,31 +394,46 @@ def download_checkpoint(
     """Fetch the locked files missing from `model_dir` (a file already there with the locked size is kept and
     left to the verify), continuing any partial file, then verify everything against the lock."""
     require_full_revision(revision)
+    require_repo_id(repo)
     endpoint = hub_endpoint(endpoint)
+    hub_headers()  # a token no HTTP header can carry is refused before anything is asked or written
     model_dir = Path(model_dir)
     if model_dir.exists() and not model_dir.is_dir():
         raise BadInput(f"--model-dir {model_dir} exists and is not a directory")
     lock, path, created = resolve_lock(repo, revision, model_dir, lock_path, endpoint=endpoint)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    _confine_all(model_dir, lock)
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _local_error(model_dir, exc, model_dir) from exc
     fetcher = _Fetcher(repo, revision, model_dir, endpoint, progress, max_workers)
 
     def present(f: LockedFile) -> bool:
         target = model_dir / f.path
         return target.is_file() and target.stat().st_size == f.size
 
-    planned = fetcher.plan([f for f in lock.files if not present(f)], fresh=False)
+    wanted = [f for f in lock.files if not present(f)]
+    if wanted:
+        _require_writable(model_dir, f"{len(wanted)} locked files are to be downloaded into it")
+    planned = fetcher.plan(wanted, fresh=False)
     with hub_errors(repo, revision):
         fetcher.run(planned)
-    report = verify_checkpoint(model_dir, path, jobs=jobs, progress=verify_progress)
-
-    continued = {j.file.path: j.file for j in planned if j.kept > 0}
-    retry = [continued[m.path] for m in report.hash_mismatch if m.path in continued]
-    if retry:  # the bytes kept from an earlier run were not the locked file's: fetch those files whole
+    # Bytes kept from an earlier run that were not the locked file's: fetch those files whole, once.
+    retry = [j.file for j in planned if j.kept > 0 and j.file.path in fetcher.mismatched]
+    if retry:
         for f in retry:
-            (model_dir / f.path).unlink(missing_ok=True)
+            del fetcher.mismatched[f.path]
         with hub_errors(repo, revision):
             fetcher.run(fetcher.plan(retry, fresh=True))
-        report = verify_checkpoint(model_dir, path, jobs=jobs, progress=verify_progress)
+    quarantined: dict[str, str] = {}
+    for relative in sorted(fetcher.mismatched):
+        where = quarantine_path(model_dir, relative)
+        try:
+            partial_path(model_dir, relative).replace(where)
+        except OSError as exc:
+            raise _local_error(where, exc, model_dir) from exc
+        quarantined[relative] = str(where)
+    report = verify_checkpoint(model_dir, path, jobs=jobs, progress=verify_progress)
 
     result = DownloadResult(
         repo=repo,
@@ -305,12 +447,21 @@ def download_checkpoint(
         bytes_fetched=fetcher.bytes_fetched,
         bytes_resumed=sum(j.kept for j in planned),
         refetched=sorted(f.path for f in retry),
+        quarantined=quarantined,
         verify=report,
     )
-    if not report.ok:
+    if quarantined or not report.ok:
+        problems = [
+            f"hash mismatch: {rel} (the bytes the Hub served were moved to {where}; nothing is under {rel})"
+            for rel, where in quarantined.items()
+        ]
+        rest = report.model_copy(update={"missing": [m for m in report.missing if m not in quarantined]})
+        if not report.ok and rest.summary:
+            problems.append(rest.summary)
         raise CheckFailed(
-            f"downloaded files do not match the lock {path}: {report.summary}",
-            hint="delete the listed files and run download again",
+            f"downloaded files do not match the lock {path}: {'; '.join(problems)}",
+            hint="run download again; if the same files fail, the Hub serves other bytes than the lock pins: "
+            "check the lock's repository and revision",
         )
     return result
 

@@ -11,7 +11,9 @@ finds nothing to do. When a model spec describes the checkpoint, its aux files a
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -369,13 +371,59 @@ def _unchanged(model_dir: Path, check: IndexCheck, check_only: bool) -> InstallR
     )
 
 
+@contextlib.contextmanager
+def _exclusive(model_dir: Path) -> Iterator[None]:
+    """One install at a time per directory: an flock on the directory itself (works on a read-only mount too).
+    Where the file system cannot lock, installs go unserialised and the checks below catch a lost race."""
+    try:
+        fd = os.open(model_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        yield  # check_index says what is wrong with the directory
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInput(
+                f"another `glm53 model install` is repairing {model_dir} right now",
+                hint="wait for it to finish, then run install again (it finds nothing left to do)",
+            ) from None
+        except OSError:
+            pass  # no locks on this file system
+        yield
+    finally:
+        os.close(fd)
+
+
+def _changed_meanwhile(what: str) -> CheckFailed:
+    return CheckFailed(
+        f"{what} while install was running: another install (or a person) changed the checkpoint meanwhile",
+        hint="run `glm53 model install` again: it starts from what is there now",
+    )
+
+
+def _index_bytes(model_dir: Path) -> bytes | None:
+    try:
+        return (model_dir / INDEX_NAME).read_bytes()
+    except OSError:
+        return None
+
+
 def install(model_dir: Path, *, check_only: bool = False) -> InstallResult:
     """Repair the index in place (or only check it). Refuses, changing nothing, when the checkpoint
     has defects the repair must not paper over (dangling entries, duplicates, spec mismatches)."""
     model_dir = Path(model_dir)
+    if check_only:
+        return _unchanged(model_dir, check_index(model_dir), check_only)
+    with _exclusive(model_dir):
+        return _install(model_dir)
+
+
+def _install(model_dir: Path) -> InstallResult:
+    seen = _index_bytes(model_dir)
     before = check_index(model_dir)
-    result = _unchanged(model_dir, before, check_only)
-    if check_only or before.ok:
+    result = _unchanged(model_dir, before, False)
+    if before.ok:
         return result
     if not before.repairable:
         raise CheckFailed(
@@ -389,6 +437,9 @@ def install(model_dir: Path, *, check_only: bool = False) -> InstallResult:
         )
 
     index_path, raw, weight_map = _load_index(model_dir)
+    original = _index_bytes(model_dir)
+    if original is None or original != seen:
+        raise _changed_meanwhile(f"{index_path} changed")
     added_map = {t: f for f, names in before.unindexed.items() for t in names}
     new_index = dict(raw)
     new_index["metadata"] = {**raw.get("metadata", {}), "total_size": before.total_size_expected}
@@ -396,9 +447,14 @@ def install(model_dir: Path, *, check_only: bool = False) -> InstallResult:
 
     backup = model_dir / INDEX_BACKUP_NAME
     made_backup = False
-    if not backup.exists():
+    if not os.path.lexists(backup):
         # Byte-for-byte copy of the original, so a lock of the upstream files still matches it.
-        atomic_write_bytes(backup, index_path.read_bytes(), overwrite=False)
+        try:
+            atomic_write_bytes(backup, original, overwrite=False)
+        except BadInput:
+            if os.path.lexists(backup):  # made by someone else between the look and the write
+                raise _changed_meanwhile(f"{backup} appeared") from None
+            raise
         made_backup = True
     try:
         atomic_write_json(index_path, new_index)

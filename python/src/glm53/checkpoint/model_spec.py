@@ -8,7 +8,6 @@ checked by the same rules; the published totals apply only at full scale.
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from glm53.errors import BadInput, invalid_document
-from glm53.fsutil import read_json
+from glm53.fsutil import parse_json, read_json
 
 _SPEC_PACKAGE = "glm53"
 _SPEC_FOLDER = "data/model-specs"
@@ -108,7 +107,11 @@ def load_model_spec(name: str) -> ModelSpec:
     if name not in available_specs():
         raise BadInput(f"unknown model spec {name!r}", hint=f"known specs: {', '.join(available_specs())}")
     text = resources.files(_SPEC_PACKAGE).joinpath(_SPEC_FOLDER).joinpath(f"{name}.json").read_text("utf-8")
-    return ModelSpec.model_validate(json.loads(text))
+    raw = parse_json(text, what=f"model spec {name}", hint="reinstall glm53: its packaged data is damaged")
+    try:
+        return ModelSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise invalid_document(exc, f"model spec {name}", hint="reinstall glm53") from exc
 
 
 def read_checkpoint_config(model_dir: Path) -> CheckpointConfig | None:

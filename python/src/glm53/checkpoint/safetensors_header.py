@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +77,16 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
     """Read and validate the header of one safetensors file; BadInput names the file and the defect."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            file_size = os.fstat(handle.fileno()).st_size
+        # O_NONBLOCK and a regular-file check: a FIFO named *.safetensors must not block the reader forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if stat.S_ISDIR(info.st_mode):
+                raise BadInput(f"{path} is a directory, not a safetensors file")
+            if not stat.S_ISREG(info.st_mode):
+                raise BadInput(f"{path} is not a regular file (a FIFO or a device)", hint="replace it with the file")
+            os.set_blocking(fd, True)
+            file_size = info.st_size
             prefix = handle.read(8)
             if len(prefix) < 8:
                 raise _bad(path, f"file is {file_size} bytes, shorter than the 8-byte header length")
@@ -113,6 +122,8 @@ def parse_header_bytes(path: Path, raw: bytes, file_size: int) -> SafetensorsHea
         raise _bad(path, f"header repeats the key {exc.key!r}") from exc
     except RecursionError as exc:
         raise _bad(path, "header JSON is nested too deeply") from exc
+    except ValueError as exc:  # the same limits as fsutil.parse_json: e.g. an integer of more than 4300 digits
+        raise _bad(path, f"header JSON cannot be read: {exc}") from exc
     if not isinstance(parsed, dict):
         raise _bad(path, "header is not a JSON object")
 

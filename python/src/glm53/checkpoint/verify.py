@@ -9,6 +9,7 @@ complete.
 
 from __future__ import annotations
 
+import stat
 import time
 from pathlib import Path, PurePosixPath
 
@@ -99,10 +100,14 @@ def verify_checkpoint(
     to_hash: dict[str, Path] = {}
     for entry in lock.files:
         path = resolve_inside(root, PurePosixPath(entry.path), what=f"lock entry {entry.path!r}")
-        if not path.is_file():
+        try:  # one stat: a file that vanishes between two looks must not raise
+            info = path.stat()
+        except OSError:
+            info = None
+        if info is None or not stat.S_ISREG(info.st_mode):
             missing.append(entry.path)
             continue
-        actual = path.stat().st_size
+        actual = info.st_size
         if actual != entry.size:
             size_mismatch.append(SizeMismatch(path=entry.path, expected=entry.size, actual=actual))
         else:
@@ -113,8 +118,17 @@ def verify_checkpoint(
     check_backup = index_entry is not None and INDEX_BACKUP_NAME not in lock.by_path() and backup.is_file()
     paths = list(to_hash.values()) + ([backup] if check_backup else [])
     outcome = hash_with_cache(paths, jobs=jobs, use_cache=use_cache, progress=progress)
+    changed_after: list[str] = []
 
     locked = lock.by_path()
+    # A file that vanished or became a directory/FIFO mid-run is missing now; one that is a regular file
+    # again (replaced meanwhile) changed while it was being hashed.
+    gone = set(outcome.vanished)
+    for rel, path in list(to_hash.items()):
+        if path in gone:
+            del to_hash[rel]
+            (changed_after if path.is_file() else missing).append(rel)
+    check_backup = check_backup and backup not in gone
     hash_mismatch = [
         HashMismatch(path=rel, expected=locked[rel].sha256, actual=outcome.sha256[path])
         for rel, path in to_hash.items()
@@ -137,7 +151,7 @@ def verify_checkpoint(
     extras = [rel for rel in checkpoint_files(root) if rel not in locked]
     # Loaders glob the top level only: a safetensors file in a subfolder is merely extra.
     stray = [rel for rel in extras if rel.endswith(".safetensors") and "/" not in rel]
-    changed = sorted(rel for rel, path in to_hash.items() if path in outcome.changed_while_hashing)
+    changed = sorted([rel for rel, path in to_hash.items() if path in outcome.changed_while_hashing] + changed_after)
     ok = not (missing or size_mismatch or hash_mismatch or stray or changed)
     return VerifyReport(
         model_dir=str(root),

@@ -80,6 +80,8 @@ def lock_cmd(
 
 
 def _refuse_existing(target: Path, force: bool) -> None:
+    if target.is_dir():
+        raise BadInput(f"--out {target} is a directory", hint="pass the lock file's path")
     if target.exists() and not force:
         raise BadInput(f"{target} already exists", hint="pass --force to replace it")
 

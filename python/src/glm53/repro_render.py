@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.repro import BuildAudit, Finding, ReproLock
+from glm53.repro_image import ImageAudit
+from glm53.repro_manifest import ManifestDiff
 
 
 def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Console) -> None:
@@ -53,3 +55,32 @@ def render_build_audit(result: BuildAudit, console: Console) -> None:
     console.print(
         ("[green]reproducible[/green]: " if result.reproducible else "[red]NOT reproducible[/red]: ") + result.detail
     )
+
+
+def render_image_audit(result: ImageAudit, console: Console) -> None:
+    console.print(f"A {result.a}  sha256 {result.sha256_a}")
+    console.print(f"B {result.b}  sha256 {result.sha256_b}")
+    if result.layers:
+        table = Table(title="layers")
+        for column in ("#", "layer", "A sha256", "B sha256"):
+            table.add_column(column)
+        for layer in result.layers:
+            mark = "" if layer.same else "[red]"
+            table.add_row(str(layer.index), layer.name, mark + str(layer.sha256_a), mark + str(layer.sha256_b))
+        console.print(table)
+    console.print(("[green]identical[/green]: " if result.identical else "[red]differ[/red]: ") + result.detail)
+    if result.suggestion:
+        console.print(f"compare in depth: {result.suggestion}")
+
+
+def render_manifest_diff(result: ManifestDiff, console: Console) -> None:
+    if not result.differences:
+        console.print(f"[green]no differences[/green] between {result.a} and {result.b}")
+        return
+    table = Table(title=f"{result.a} vs {result.b}")
+    for column in ("group", "fact", "A", "B", "why it matters"):
+        table.add_column(column)
+    for d in result.differences:
+        group = f"[red]{d.group}[/red]" if d.group == "pinned" else d.group
+        table.add_row(group, d.fact, str(d.a), str(d.b), d.why)
+    console.print(table)

@@ -31,6 +31,7 @@ from glm53.bench.needle import NeedleSection
 from glm53.bench.runner import RunSection
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import atomic_write_json, read_json
+from glm53.repro_manifest import Manifest, build_manifest
 
 SCHEMA_VERSION: Literal["glm53.bench/1"] = "glm53.bench/1"
 SUMMARY_NAME = "summary.json"
@@ -67,6 +68,7 @@ class Environment(BaseModel):
         default_factory=dict,
         description="that profile's resolved settings (profile, --env-file, environment)",
     )
+    manifest: Manifest | None = Field(None, description="the host manifest (glm53 repro manifest)")
 
 
 class Summary(BaseModel):
@@ -112,6 +114,7 @@ def collect_environment(
         plan_env=plan_env(env),
         plan_profile=profile,
         plan=resolved_plan(profile, env, env_file) if profile or env_file else {},
+        manifest=build_manifest(profile=profile, environ=env),
     )
 
 

@@ -1,7 +1,9 @@
-"""`glm53 repro`: show the pins, check the repository, audit a build or this host against the lock."""
+"""`glm53 repro`: show the pins, check the repository, audit a build, the image or this host against the lock;
+resolve the open source pins; record and compare host manifests."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -93,3 +95,128 @@ def audit_host_cmd(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) ->
     if not report.ok:
         names = ", ".join(c.name for c in report.failures)
         raise CheckFailed(f"this host differs from the validated hardware: {names}", hint="see the fix column")
+
+
+@repro_app.command("resolve")
+def resolve_cmd(
+    lock_path: ReproLockOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Write without asking.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be fetched; fetch nothing.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds each git fetch may take.")] = 900.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fill the lock's open source pins: the full commit of each short one and its Nix hash (NAR sha256).
+
+    Asks the upstream git server (a network fetch); shows the diff, then asks before writing (or --yes).
+    Exit 3 when a server cannot be reached: nothing is written.
+    """
+    from glm53.repro import find_repro_lock, load_repro_lock
+    from glm53.repro_resolve import describe_fetches, pending_pins, plan_resolution, write_resolution
+
+    path = lock_path or find_repro_lock(Path.cwd())
+    if path is None:
+        raise BadInput("repro.lock.json not found", hint="pass --lock FILE")
+    pending = pending_pins(load_repro_lock(path))
+    out = Output(json_mode=json_out)
+    if dry_run or not pending:
+        payload = {"lock": str(path), "would_fetch": [p.model_dump() for p in pending], "written": False}
+        out.result(
+            payload,
+            lambda console: console.print(
+                ("would fetch: " + describe_fetches(pending)) if pending else "every source pin is resolved"
+            ),
+        )
+        return
+    result, old, new = plan_resolution(path, timeout=timeout)
+    if not json_out:
+        typer.echo(result.diff, nl=False)
+    if not yes:
+        if json_out or not sys.stdin.isatty():
+            raise BadInput("not written: confirm with --yes", hint="review the diff, then run again with --yes")
+        if not typer.confirm(f"write {path}?", default=False):
+            raise CheckFailed("not written", hint="run again and answer yes, or pass --yes")
+    write_resolution(path, old, new)
+    result.written = True
+    out.result(result, lambda console: console.print(f"[green]wrote[/green] {path}"))
+
+
+@repro_app.command("audit-image")
+def audit_image_cmd(
+    installable: Annotated[str, typer.Argument(help="The image output to build and stream twice.")] = ".#image",
+    tarball: Annotated[
+        list[Path] | None, typer.Option("--tarball", help="Compare these two image tarballs instead (twice).")
+    ] = None,
+    keep: Annotated[Path | None, typer.Option("--keep", help="Stream the two tarballs into this directory.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Stream the image twice (or take two tarballs): same sha256, same layers; exit 1 naming the first difference."""
+    import tempfile
+
+    from glm53.repro_image import compare_image_tarballs, stream_image_twice
+    from glm53.repro_render import render_image_audit
+
+    if tarball:
+        if len(tarball) != 2:
+            raise BadInput("--tarball takes exactly two files", hint="--tarball A.tar --tarball B.tar")
+        result = compare_image_tarballs(tarball[0], tarball[1])
+    else:
+        with tempfile.TemporaryDirectory(prefix="glm53-image-", dir=keep) as tmp:
+            where = keep if keep is not None else Path(tmp)
+            a, b = stream_image_twice(installable, where)
+            result = compare_image_tarballs(a, b)
+            if keep is not None:
+                for name in ("image-a.tar", "image-b.tar"):
+                    (Path(tmp) / name).unlink(missing_ok=True)
+    Output(json_mode=json_out).result(result, lambda console: render_image_audit(result, console))
+    if not result.identical:
+        raise CheckFailed("the two image tarballs differ: " + result.detail, hint=result.suggestion)
+
+
+@repro_app.command("manifest")
+def manifest_cmd(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Write the manifest here.")] = Path(
+        "host-manifest.json"
+    ),
+    model_dir: Annotated[
+        Path | None, typer.Option("--model-dir", help="Checkpoint: its lock's hash and verify status.")
+    ] = None,
+    profile: Annotated[str | None, typer.Option("--profile", "-p", help="Record this profile's values.")] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Do not verify the checkpoint.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    lock_path: ReproLockOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Record what this host runs: GPUs, driver, CUDA, kernel, CPU, memory, packages, locks, profile, plan."""
+    from glm53.repro_manifest import build_manifest, write_manifest
+
+    manifest = build_manifest(lock_path=lock_path, model_dir=model_dir, profile=profile, verify=not no_verify)
+    write_manifest(manifest, output, force=force)
+    Output(json_mode=json_out).result(manifest, lambda console: console.print(f"[green]wrote[/green] {output}"))
+
+
+@repro_app.command("diff")
+def diff_cmd(
+    a: Annotated[Path, typer.Argument(help="A host manifest.")],
+    b: Annotated[Path | None, typer.Argument(help="Another host manifest (or --lock).")] = None,
+    lock: Annotated[
+        Path | None, typer.Option("--lock", help="Compare manifest A with this repro.lock.json instead.")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Explain how two host manifests (or a manifest and the lock) differ; exit 1 when a pinned fact differs."""
+    from glm53.repro_manifest import diff_against_lock, diff_manifests, load_manifest
+    from glm53.repro_render import render_manifest_diff
+
+    first = load_manifest(a)
+    if (b is None) == (lock is None):
+        raise BadInput("compare with one thing", hint="glm53 repro diff A.json B.json, or A.json --lock LOCK")
+    if b is not None:
+        result = diff_manifests(first, load_manifest(b), a_name=str(a), b_name=str(b))
+    else:
+        assert lock is not None
+        result = diff_against_lock(first, lock, m_name=str(a))
+    payload = {"pinned_differ": result.pinned_differ, **result.model_dump(mode="json")}
+    Output(json_mode=json_out).result(payload, lambda console: render_manifest_diff(result, console))
+    if result.pinned_differ:
+        names = ", ".join(d.fact for d in result.differences if d.group == "pinned")
+        raise CheckFailed(f"pinned facts differ: {names}", hint="see the table; the pinned group decides")

@@ -8,7 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from glm53.repro_image import compare_image_tarballs
+from glm53.repro.image import compare_image_tarballs
 from tests.support.cli import run_glm53
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from glm53.host.gpus import read_gpus
-from glm53.repro_manifest import MANIFEST_SCHEMA, build_manifest, diff_manifests, load_manifest
+from glm53.repro.manifest import MANIFEST_SCHEMA, build_manifest, diff_manifests, load_manifest
 from tests.support.cli import run_glm53
 from tests.support.fake_nvml import two_3090s
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.repro_nar import nar_hash_path, nar_hash_tar
+from glm53.repro.nar import nar_hash_path, nar_hash_tar
 from tests.support.cli import run_glm53
 from tests.support.nixenv import NIX_ENV
 

@@ -31,7 +31,7 @@ from glm53.bench.needle import NeedleSection
 from glm53.bench.runner import RunSection
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import atomic_write_json, read_json
-from glm53.repro_manifest import Manifest, build_manifest
+from glm53.repro.manifest import Manifest, build_manifest
 
 SCHEMA_VERSION: Literal["glm53.bench/1"] = "glm53.bench/1"
 SUMMARY_NAME = "summary.json"

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 def show(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
     """Print the pins in force and the lock's sha256."""
     from glm53.repro import find_repro_lock, load_repro_lock, repro_lock_sha256
-    from glm53.repro_render import render_pins
+    from glm53.repro.render import render_pins
 
     path = lock_path or find_repro_lock(Path.cwd())
     lock = load_repro_lock(path)
@@ -42,7 +42,7 @@ def check(
 ) -> None:
     """Check the repository against the lock: flake.lock, Makefile, profiles, README, tracked files."""
     from glm53.repro import check_repo, load_repro_lock
-    from glm53.repro_render import render_findings
+    from glm53.repro.render import render_findings
 
     lock = load_repro_lock(lock_path or (root / "repro.lock.json"))
     result = check_repo(root.resolve(), lock, release=release)
@@ -63,7 +63,7 @@ def audit_build_cmd(
 ) -> None:
     """Build an output twice and compare bit for bit; exit 1 when the rebuild differs."""
     from glm53.repro import audit_build
-    from glm53.repro_render import render_build_audit
+    from glm53.repro.render import render_build_audit
 
     extra = [*(["-f", str(file)] if file else []), *(nix_arg or [])]
     if not installable and file is None:
@@ -111,7 +111,7 @@ def resolve_cmd(
     Exit 3 when a server cannot be reached: nothing is written.
     """
     from glm53.repro import find_repro_lock, load_repro_lock
-    from glm53.repro_resolve import describe_fetches, pending_pins, plan_resolution, write_resolution
+    from glm53.repro.resolve import describe_fetches, pending_pins, plan_resolution, write_resolution
 
     path = lock_path or find_repro_lock(Path.cwd())
     if path is None:
@@ -152,8 +152,8 @@ def audit_image_cmd(
     """Stream the image twice (or take two tarballs): same sha256, same layers; exit 1 naming the first difference."""
     import tempfile
 
-    from glm53.repro_image import compare_image_tarballs, stream_image_twice
-    from glm53.repro_render import render_image_audit
+    from glm53.repro.image import compare_image_tarballs, stream_image_twice
+    from glm53.repro.render import render_image_audit
 
     if tarball:
         if len(tarball) != 2:
@@ -187,7 +187,7 @@ def manifest_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Record what this host runs: GPUs, driver, CUDA, kernel, CPU, memory, packages, locks, profile, plan."""
-    from glm53.repro_manifest import build_manifest, write_manifest
+    from glm53.repro.manifest import build_manifest, write_manifest
 
     manifest = build_manifest(lock_path=lock_path, model_dir=model_dir, profile=profile, verify=not no_verify)
     write_manifest(manifest, output, force=force)
@@ -204,8 +204,8 @@ def diff_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Explain how two host manifests (or a manifest and the lock) differ; exit 1 when a pinned fact differs."""
-    from glm53.repro_manifest import diff_against_lock, diff_manifests, load_manifest
-    from glm53.repro_render import render_manifest_diff
+    from glm53.repro.manifest import diff_against_lock, diff_manifests, load_manifest
+    from glm53.repro.render import render_manifest_diff
 
     first = load_manifest(a)
     if (b is None) == (lock is None):

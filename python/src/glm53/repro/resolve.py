@@ -7,7 +7,7 @@ For each source pin with `short_rev` set and `rev` or `hash` null:
 2. the tree: `git fetch --depth=1 URL <commit>` into a second temporary repository (servers that refuse a fetch
    by commit get a plain fetch of their branches and tags instead), then `git archive <commit>`: the tree
    GitHub's tarball holds, so the tree fetchFromGitHub unpacks.
-3. the hash: the NAR sha256 of that tree in SRI form (glm53.repro_nar), what the fixed-output fetch checks.
+3. the hash: the NAR sha256 of that tree in SRI form (glm53.repro.nar), what the fixed-output fetch checks.
 
 The lock is edited as text (its hand formatting kept) and written atomically; the result is parsed again and
 must be the old lock with exactly those fields set. A hash is written only when it was computed here.
@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text, read_text_bounded
 from glm53.repro import ReproLock, SourcePin, load_repro_lock
-from glm53.repro_nar import nar_hash_tar
+from glm53.repro.nar import nar_hash_tar
 
 SOURCE_PINS = ("vllm", "glm53_overlay")
 _SHORT = re.compile(r"^[0-9a-f]{4,40}$")

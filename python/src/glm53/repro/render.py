@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.repro import BuildAudit, Finding, ReproLock
-from glm53.repro_image import ImageAudit
-from glm53.repro_manifest import ManifestDiff
+from glm53.repro.image import ImageAudit
+from glm53.repro.manifest import ManifestDiff
 
 
 def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Console) -> None:

@@ -150,11 +150,11 @@ def find_repro_lock(start: Path | None = None) -> Path | None:
     if override:
         return Path(override)
     here = Path(__file__).resolve()
-    candidates = [here.parents[3] / LOCK_NAME]  # python/src/glm53/repro.py -> repo root
+    candidates = [here.parents[4] / LOCK_NAME]  # python/src/glm53/repro/__init__.py -> repo root
     if start is not None:
         start = start.resolve()
         candidates += [directory / LOCK_NAME for directory in (start, *start.parents)]
-    candidates.append(here.parent / "data" / LOCK_NAME)  # installed from Nix: copied in at build
+    candidates.append(here.parents[1] / "data" / LOCK_NAME)  # installed from Nix: copied in at build
     return next((path for path in candidates if path.is_file()), None)
 
 

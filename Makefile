@@ -47,8 +47,8 @@ test-fast: setup
 	$(VENV)/bin/pytest -m "not slow"
 
 lint: setup
-	$(VENV)/bin/ruff check python/src tests benchmarks
-	$(VENV)/bin/ruff format --check python/src tests benchmarks
+	$(VENV)/bin/ruff check python/src tests benchmarks tools
+	$(VENV)/bin/ruff format --check python/src tests benchmarks tools
 	$(VENV)/bin/mypy --config-file python/pyproject.toml python/src/glm53
 	$(VENV)/bin/python -m glm53.cli.reference --check
 

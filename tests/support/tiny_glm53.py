@@ -12,6 +12,16 @@ The layout follows the real checkpoint at a tiny scale:
 Files are written byte by byte in the safetensors format (8-byte little-endian header length, JSON header
 padded with spaces to 8 bytes, data section) so that dtypes numpy lacks (BF16) can be used; the
 `safetensors` library reads them back in the tests.
+
+Checked against a real ExLlamaV3 1.4.6 conversion (tests/fixtures/exl3, docs/checkpoint.md "Ground truth"): the
+routed experts' names, dtypes and shapes are the converter's. Kept different on purpose, because this fixture
+models the *published* checkpoint that install/lock/verify must handle, or because the code under test does not
+read them: `kpool_aux.safetensors`, `mtp.safetensors` and the shards-only index (the converter itself writes all
+of it into the shards); KDA `q/k/v_proj` (converter: one `qkv_proj`) and `g_proj` (converter: `g_a/g_b_proj`
+F16, `f_a/f_b_proj`, `conv1d`, `dt_bias`); BF16 where the converter stores F16 (router, indexer `wk`,
+`weights_proj`, `k_norm`, kpool gate) or F32 (kpool ape); `kv_b_proj` and `lm_head` (converter: F16 and 6-bit
+EXL3); no mHC tensors; `layer_types` `kda`/`dsa` (converter's config: `linear_attention`/
+`deepseek_sparse_attention`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ from glm53.errors import BadInput, CheckFailed
 from glm53.fsutil import atomic_write_bytes, atomic_write_json, read_json, resolve_inside, safe_relative_path
 
 SAMPLE = 5  # names shown per problem in reports
+# config.json layer_types naming a DSA layer: ours ("dsa"), transformers' and ExLlamaV3's ("deepseek_sparse_attention",
+# which transformers also maps "full_attention" to).
+_DSA_LAYER_TYPES = ("dsa", "deepseek_sparse_attention", "full_attention")
 
 
 class DanglingEntry(BaseModel):
@@ -263,7 +266,7 @@ def _spec_findings(
     layers = config.num_hidden_layers if config and config.num_hidden_layers else spec.full_scale.num_hidden_layers
     dsa = spec.dsa_layers.layers(layers)
     if config and config.layer_types is not None:
-        declared = [n for n, kind in enumerate(config.layer_types) if kind == "dsa"]
+        declared = [n for n, kind in enumerate(config.layer_types) if kind in _DSA_LAYER_TYPES]
         if declared != dsa:
             problems.append(f"config.json layer_types put DSA layers at {declared}, the spec expects {dsa}")
     prefix = spec.tensor_prefix
@@ -271,7 +274,13 @@ def _spec_findings(
 
     kpool = headers.get(spec.kpool.file)
     expected_kpool = spec.kpool.names(prefix, dsa)
-    if kpool is None:
+    in_shards = {t for f, h in headers.items() if f in shards for t in h.tensors}
+    if kpool is None and expected_kpool and all(t in in_shards for t in expected_kpool):
+        # ExLlamaV3's converter writes each DSA layer's kpool pair into the shards with the layer.
+        notes.append(
+            f"the {len(expected_kpool)} kpool tensors are in the shards (as ExLlamaV3's converter writes them)"
+        )
+    elif kpool is None:
         problems.append(f"{spec.kpool.file} is missing: it holds the {len(expected_kpool)} kpool tensors")
     else:
         found = set(kpool.tensors)
@@ -303,7 +312,13 @@ def _spec_findings(
 
     mtp = headers.get(spec.mtp.file)
     mtp_prefix = f"{prefix}.layers.{layers}."
-    if mtp is None:
+    mtp_in_shards = sorted(t for t in in_shards if t.startswith(mtp_prefix))
+    if mtp is None and mtp_in_shards:
+        # ExLlamaV3's converter writes the MTP block into the shards as layer L.
+        notes.append(
+            f"MTP layer {layers}: {len(mtp_in_shards)} tensors in the shards (as ExLlamaV3's converter writes it)"
+        )
+    elif mtp is None:
         problems.append(f"{spec.mtp.file} is missing: it holds the MTP layer {layers}")
     else:
         foreign = sorted(t for t in mtp.tensors if not t.startswith(mtp_prefix))

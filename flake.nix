@@ -86,6 +86,8 @@
       });
 
       nixosModules.default = import ./nix/module.nix { inherit self glmLib; };
+      # services.glm53.router: vllm-router in front of several glm53 hosts (docs/router.md).
+      nixosModules.router = import ./nix/router.nix { inherit self glmLib; };
 
       checks = forAllSystems (pkgs: {
         # Only the pure layer and the CLI; the CUDA outputs are checked on GPU builders.

@@ -107,3 +107,24 @@ BenchApiKeyFileOpt = Annotated[
         show_default=False,
     ),
 ]
+
+# `glm53 router`: the fleet file, and the probe of its backends before the start.
+FleetFileArg = Annotated[
+    Path,
+    typer.Argument(
+        help="Fleet file (TOML or JSON): backends, policy, limits (see docs/router.md).", show_default=False
+    ),
+]
+SkipProbeOpt = Annotated[
+    bool,
+    typer.Option("--skip-probe", help="Start without checking that every backend answers /health first."),
+]
+RouterApiKeyFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--api-key-file",
+        help="The fleet's API key file (over the fleet file's api_key_file); given to the router in its "
+        "environment, never in argv.",
+        show_default=False,
+    ),
+]

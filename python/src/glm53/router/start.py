@@ -1,0 +1,150 @@
+"""Start a router from a fleet file, or show what a start would exec: the two ends of `glm53 router`.
+
+    dry_run(request) -> RouterDryRun   the argv and environment a start would exec; reads the fleet, starts nothing
+    start(request, out) -> NoReturn     the flag check, a probe of every backend, then exec
+
+Both build the launch with `build_router_launch` from the same fleet, so the dry run's argv is what exec gets.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NoReturn
+
+from pydantic import BaseModel
+
+from glm53.errors import BadInput, Unavailable
+from glm53.output import Output
+from glm53.router.flags import RouterFlagCheck, check_router_flags
+from glm53.router.fleet import Fleet, load_fleet
+from glm53.router.launch import RouterLaunch, build_router_launch, router_command, router_environment
+
+PROBE_TIMEOUT_S = 3.0
+
+
+class RouterRequest(BaseModel):
+    fleet_file: Path
+    listen_all: bool = False
+    # Over the fleet file's api_key_file (a systemd credential's path is only known at start).
+    api_key_file: Path | None = None
+    skip_flag_check: bool = False
+    skip_probe: bool = False
+
+
+class RouterDryRun(BaseModel):
+    launch: RouterLaunch
+    command: str
+    flag_check: RouterFlagCheck
+    fleet: Fleet
+    warnings: list[str]
+
+
+class Resolved(BaseModel):
+    fleet: Fleet
+    launch: RouterLaunch
+    warnings: list[str]
+    api_key: str | None = None
+
+
+def resolve(req: RouterRequest) -> Resolved:
+    from glm53.serve.exec import api_key_file_warning, read_api_key
+
+    fleet = load_fleet(req.fleet_file)
+    if req.api_key_file is not None:
+        fleet = fleet.model_copy(update={"api_key_file": req.api_key_file})
+    api_key = read_api_key(fleet.api_key_file) if fleet.api_key_file is not None else None
+    launch = build_router_launch(fleet, listen_all=req.listen_all, api_key=api_key is not None)
+    warnings = []
+    if fleet.api_key_file is not None and (group := api_key_file_warning(fleet.api_key_file)):
+        warnings.append(group)
+    if fleet.policy not in ("consistent_hash", "sticky_least_loaded"):
+        warnings.append(f"policy {fleet.policy} does not keep a session on its backend: agent turns lose their cache")
+    return Resolved(fleet=fleet, launch=launch, warnings=warnings, api_key=api_key)
+
+
+def _flag_check(req: RouterRequest, launch: RouterLaunch) -> RouterFlagCheck:
+    if req.skip_flag_check:
+        return RouterFlagCheck(checked=False, router_version=None, reason="--skip-flag-check")
+    return check_router_flags(launch.argv, router_command())
+
+
+def dry_run(req: RouterRequest, out: Output) -> RouterDryRun:
+    resolved = resolve(req)
+    for warning in resolved.warnings:
+        out.warn(warning)
+    check = _flag_check(req, resolved.launch)
+    return RouterDryRun(
+        launch=resolved.launch,
+        command=shlex.join(resolved.launch.argv),
+        flag_check=check,
+        fleet=resolved.fleet,
+        warnings=resolved.warnings,
+    )
+
+
+def _probe_one(url: str, endpoint: str, api_key: str | None) -> str | None:
+    """None if the backend answers as a glm53 server should; else what is wrong."""
+    import httpx
+
+    try:
+        with httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False) as client:
+            health = client.get(url + endpoint)
+            if health.status_code != 200:
+                return f"{url}{endpoint} answered {health.status_code}"
+            if api_key is not None:
+                bare = client.get(url + "/v1/models")
+                if bare.status_code != 401:
+                    return (
+                        f"{url} answers /v1/models without the API key ({bare.status_code}): "
+                        "serve it with --api-key-file"
+                    )
+                keyed = client.get(url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
+                if keyed.status_code != 200:
+                    return f"{url} refuses the fleet's API key ({keyed.status_code})"
+    except httpx.HTTPError as exc:
+        return f"{url} is unreachable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def probe_backends(fleet: Fleet, api_key: str | None) -> None:
+    """Every backend answers /health (and, with a key, refuses requests without it). BadInput lists the others."""
+    urls = [backend.url for backend in fleet.backends]
+    with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
+        problems = [p for p in pool.map(lambda u: _probe_one(u, fleet.health.endpoint, api_key), urls) if p]
+    if problems:
+        raise BadInput(
+            f"{len(problems)} of {len(urls)} backends are not ready:\n  " + "\n  ".join(problems),
+            hint="start them (glm53 serve), fix the URLs in the fleet file, or pass --skip-probe to start anyway",
+        )
+
+
+def start(req: RouterRequest, out: Output) -> NoReturn:
+    resolved = resolve(req)
+    for warning in resolved.warnings:
+        out.warn(warning)
+    launch = resolved.launch
+    check = _flag_check(req, launch)
+    if check.checked:
+        out.info(
+            f"flags accepted by vllm-router {check.router_version}'s parser" + (" (cached)" if check.cached else "")
+        )
+    elif not req.skip_flag_check:
+        raise Unavailable(f"cannot start the router: {check.reason}", hint="pip install vllm-router==0.1.17")
+    if not req.skip_probe:
+        probe_backends(resolved.fleet, resolved.api_key)
+    env = router_environment(launch, os.environ, resolved.api_key)
+    program = launch.argv[0]
+    if os.sep not in program and shutil.which(program, path=env.get("PATH")) is None:
+        raise Unavailable(f"{program} not found on PATH")
+    out.info(f"routing {launch.base_url} -> {', '.join(launch.backends)} ({launch.policy})")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(program, launch.argv, env)
+
+
+__all__ = ["RouterDryRun", "RouterRequest", "dry_run", "probe_backends", "resolve", "start"]

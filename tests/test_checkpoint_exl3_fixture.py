@@ -140,11 +140,6 @@ def test_planner_expert_bytes_equal_the_header_sum(exl3_dir: Path) -> None:
     assert facts.checkpoint_bytes == (exl3_dir / "model.safetensors").stat().st_size
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan/checkpoint_facts.py _dsa_layers knows 'dsa'/'full_attention' but the real config says "
-    "'deepseek_sparse_attention' (owned by another engineer; diff in the issue 13 report)",
-)
 def test_planner_dsa_layers_from_the_real_config(exl3_dir: Path) -> None:
     assert read_checkpoint_facts(exl3_dir).dsa_layers == (3, 7)
 

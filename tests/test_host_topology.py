@@ -78,3 +78,39 @@ def test_fixture_trees_match_their_generator(tmp_path: Path) -> None:
         }
         committed = {p.relative_to(HOSTS): p.read_bytes() for p in (HOSTS / machine.name).rglob("*") if p.is_file()}
         assert generated == committed, machine.name
+
+
+def test_two_socket_epyc_has_two_nodes_and_a_gpu_on_each() -> None:
+    from glm53.host.topology import pci_device_numa_node
+
+    root = HOSTS / "epyc-2s-smt-2gpu"
+    topo = read_topology(root)
+    assert len(topo.packages) == 2 and topo.smt and len(topo.l3_domains) == 8
+    assert {node: format_cpu_list(cpus) for node, cpus in topo.numa_nodes.items()} == {
+        0: "0-31,64-95",
+        1: "32-63,96-127",
+    }
+    # NVML's bus id (8-digit domain, upper case) finds sysfs's device.
+    assert pci_device_numa_node(root, "00000000:41:00.0") == 0
+    assert pci_device_numa_node(root, "00000000:C1:00.0") == 1
+    assert pci_device_numa_node(root, "00000000:99:00.0") is None  # no such device
+    assert pci_device_numa_node(root, "not a bus id") is None
+
+
+def test_single_socket_gpu_without_proximity_reads_as_unknown() -> None:
+    from glm53.host.topology import pci_device_numa_node
+
+    root = HOSTS / "single-socket-24core-2gpu"
+    topo = read_topology(root)
+    assert list(topo.numa_nodes) == [0] and len(topo.l3_domains) == 3
+    assert pci_device_numa_node(root, "00000000:01:00.0") is None  # the kernel's -1
+
+
+@pytest.mark.parametrize(
+    ("nvml", "sysfs"),
+    [("00000000:41:00.0", "0000:41:00.0"), ("0000:C1:00.0", "0000:c1:00.0"), ("41:00.0", "0000:41:00.0")],
+)
+def test_sysfs_bus_id(nvml: str, sysfs: str) -> None:
+    from glm53.host.topology import sysfs_bus_id
+
+    assert sysfs_bus_id(nvml) == sysfs

@@ -42,7 +42,7 @@ def test_plan_json_and_table(capsys: pytest.CaptureFixture[str], monkeypatch: py
     assert code == 0
     plan = json.loads(out)
     assert (plan["format"], plan["version"]) == ("glm53-plan", 1)
-    assert plan["gpus"][0]["expert_slots"] == 3114
+    assert plan["gpus"][0]["expert_slots"] == 3106  # 3,114 less 8 slots of staging (one step's misses)
     code, out, _ = run(["plan", *RIG], capsys, monkeypatch)
     assert code == 0
     for title in ("GPU memory ledger", "KV cache derivation", "Host memory ledger", "CPU sets", "264,160"):

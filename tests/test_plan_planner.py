@@ -36,19 +36,21 @@ def test_recipe_rig_plans_feasibly() -> None:
     assert gpu.weights_bytes == 110_684_416 + 7_692_619_136 // 2
     assert gpu.kv_bytes == 3_328_599_040
     assert gpu.expert_slot_bytes == 4_749_324
-    assert gpu.expert_slots == 3114  # 25.7% of the 12,096 routed experts
+    assert gpu.staging_slots == 8  # one decode step's top-8 misses of one layer
+    assert gpu.staging_bytes == 8 * 4_749_324
+    assert gpu.expert_slots == 3106  # 25.7% of the 12,096 routed experts, after the staging
     assert 0 <= gpu.unused_bytes < gpu.expert_slot_bytes
     assert plan.host.pinned_pool_bytes == 2 * 12_096 * 4_749_324
     assert plan.host.budget_bytes == 120 * GIB
     assert plan.host.cpu_offload_gb == 54
     assert plan.kv.tokens == 258_862
     assert plan.cache.strategy == "uniform-lru"
-    assert {layer.slots for layer in plan.cache.layers} == {74, 75}
+    assert {layer.slots for layer in plan.cache.layers} == {73, 74}
     env = plan_env(plan)
     assert env == {
         "CPU_OFFLOAD_GB": "54",
         "KV_CACHE_MEMORY_BYTES": "3328599040",
-        "EXL3_LRU_CAPACITY_PLAN": ",".join(f"{n}:{75 if n < 9 else 74}:0" for n in range(3, 45)),
+        "EXL3_LRU_CAPACITY_PLAN": ",".join(f"{n}:{74 if n < 43 else 73}:0" for n in range(3, 45)),
         "EXL3_PINNED_FRAC": "0.0000",
         "HYBRID_MAIN_CPUS": "0-33,40-41,48-49,56-57",
         "EXL3_HYBRID_CPU": "2-7,18-23;10-15,26-31",
@@ -143,7 +145,7 @@ def test_tiny_checkpoint_with_a_trace_learns_the_split(tmp_path: Path) -> None:
         learn_fraction=0.5,
     )
     assert plan.cache.strategy == "trace"
-    assert plan.cache.total_slots == 20
+    assert plan.cache.total_slots == 18  # room for 20, less 2 of staging (one step's top-2 misses)
     assert all(layer.slots >= 2 for layer in plan.cache.layers)
     assert plan.cache.learned_steps == 200 and plan.cache.scored_steps == 200
     assert plan.cache.expected_hit_rate is not None and 0.0 < plan.cache.expected_hit_rate <= 1.0
@@ -192,3 +194,21 @@ def test_recipe_rig_golden_plan() -> None:
     if os.environ.get("GLM53_UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
+
+
+def test_ledger_reserves_the_staging_the_cache_model_assumes() -> None:
+    """The simulator loads a step's misses after its lookups: the ledger holds room for them, and every byte of
+    the budget is accounted for."""
+    for seqs in (1, 4):
+        plan = build_plan(
+            load_architecture(),
+            read_host_facts(HOSTS / "threadripper-5975wx-cgv2"),
+            RTX_3090,
+            ServingShape(max_num_seqs=seqs),
+        )
+        gpu = plan.gpus[0]
+        assert gpu.staging_slots == 8 * seqs
+        assert gpu.staging_bytes == gpu.staging_slots * gpu.expert_slot_bytes
+        parts = gpu.weights_bytes + gpu.kv_bytes + gpu.workspace_bytes + gpu.headroom_bytes
+        assert parts + gpu.staging_bytes + gpu.expert_cache_bytes + gpu.unused_bytes == gpu.budget_bytes
+        assert 0 <= gpu.unused_bytes < gpu.expert_slot_bytes

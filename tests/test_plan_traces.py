@@ -118,3 +118,44 @@ def test_split_learns_first_part() -> None:
     assert np.array_equal(score.routes, trace.routes[2:])
     with pytest.raises(BadInput):
         trace.split(1.0)
+
+
+def test_binary_trace_round_trip_and_validation(tmp_path: Path) -> None:
+    import io
+
+    from glm53.plan.traces import read_routing_stats, read_trace, write_trace
+
+    trace = synthesize_trace(SyntheticTraceSpec(layers=(3, 4, 5), experts=16, top_k=4, steps=50))
+    binary = tmp_path / "t.npz"
+    write_trace(binary, trace)
+    write_trace(tmp_path / "t.jsonl", trace)
+    for path in (binary, tmp_path / "t.jsonl"):
+        back = read_trace(path)
+        assert (back.layers, back.experts, back.top_k) == (trace.layers, 16, 4)
+        assert np.array_equal(back.routes, trace.routes)
+    assert isinstance(read_routing_stats(binary), type(trace))
+    assert binary.stat().st_size < (tmp_path / "t.jsonl").stat().st_size
+
+    header = {"format": "glm53-routing-trace", "version": 1, "layers": [3, 4, 5], "experts": 16, "top_k": 4}
+
+    def save(name: str, routes: object, head: dict[str, object] = header) -> Path:
+        buffer = io.BytesIO()
+        np.savez(buffer, header=np.frombuffer(json.dumps(head).encode(), np.uint8), routes=routes)
+        (tmp_path / name).write_bytes(buffer.getvalue())
+        return tmp_path / name
+
+    bad_id = trace.routes.copy()
+    bad_id[7, 1, 2] = 16
+    twice = trace.routes.copy()
+    twice[9, 2, 1] = twice[9, 2, 0]
+    cases = {
+        save("range.npz", bad_id): r"step 7, layer 4: expert id 16 outside 0\.\.15",
+        save("twice.npz", twice): r"step 9: layer 5 lists an expert twice",
+        save("shape.npz", trace.routes[:, :2]): r"shape \(steps >= 1, 3, 4\)",
+        save("float.npz", trace.routes.astype(np.float32)): "must be integers",
+        save("objects.npz", np.array([None, 1], dtype=object)): "not a readable numpy archive",
+        save("header.npz", trace.routes, {**header, "top_k": 99}): "top_k 99 exceeds",
+    }
+    for path, message in cases.items():
+        with pytest.raises(BadInput, match=message):
+            read_trace(path)

@@ -21,12 +21,18 @@ class _Memory:
 
 
 @dataclass
+class _PciInfo:
+    busId: bytes  # pynvml's field name
+
+
+@dataclass
 class FakeGpu:
     name: str
     total_mib: int
     used_mib: int
     capability: tuple[int, int] = (8, 6)
     uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    pci_bus_id: str | None = None  # None: nvmlDeviceGetPciInfo fails, as it can on some drivers
 
 
 @dataclass
@@ -67,6 +73,11 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
         return handle.uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> _PciInfo:
+        if handle.pci_bus_id is None:
+            raise NVMLError("Not Supported")
+        return _PciInfo(busId=handle.pci_bus_id.encode())  # older pynvml returns bytes
 
 
 def two_3090s(*, used_mib: int = 300, driver: str = "580.95.05") -> FakeNvml:

@@ -24,7 +24,19 @@ app = typer.Typer(
 
 def _register() -> None:
     # Each command module exposes register(app); modules not present yet are skipped.
-    for optional in ("model", "serve", "profile", "doctor", "demo", "plan", "probe", "bench", "repro", "systemd", "router"):
+    for optional in (
+        "model",
+        "serve",
+        "profile",
+        "doctor",
+        "demo",
+        "plan",
+        "probe",
+        "bench",
+        "repro",
+        "systemd",
+        "router",
+    ):
         try:
             module = __import__(f"glm53.cli.{optional}", fromlist=["register"])
         except ModuleNotFoundError as exc:

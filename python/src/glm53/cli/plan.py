@@ -119,7 +119,7 @@ def plan(
 
 @plan_app.command("simulate")
 def simulate(
-    traces: Annotated[Path, typer.Option("--traces", help="Routing trace (JSONL).")],
+    traces: Annotated[Path, typer.Option("--traces", help="Routing trace (JSONL or .npz).")],
     budgets: Annotated[
         str, typer.Option("--budgets", help="GPU slot budgets as fractions of all experts.")
     ] = "0.08,0.17,0.33",
@@ -130,6 +130,15 @@ def simulate(
         int | None, typer.Option("--workers", min=1, help="Processes (default: every allowed CPU).")
     ] = None,
     plots: Annotated[Path | None, typer.Option("--plots", help="Write miss-ratio curve PNGs here.")] = None,
+    drift: Annotated[
+        str,
+        typer.Option(
+            "--drift",
+            help="Drift scenarios AT:STRENGTH[,...] replayed besides the trace: popularity shifted from AT (share "
+            "of the steps) on, STRENGTH of each layer's experts re-permuted; 'none' for none.",
+        ),
+    ] = "0.5:1,0.15:1,0.5:0.5",
+    drift_seed: Annotated[int, typer.Option("--drift-seed", min=0, help="Seed of the drift permutations.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Write the report JSON here.")] = None,
     json_mode: JsonOpt = False,
 ) -> None:
@@ -142,10 +151,11 @@ def simulate(
     from glm53.plan.env import check_out_dir
     from glm53.plan.finite import require_finite
     from glm53.plan.render import render_comparison
-    from glm53.plan.traces import read_trace
+    from glm53.plan.traces import parse_shifts, read_trace
 
     output = Output(json_mode=json_mode)
     fractions = parse_budgets(budgets)
+    scenarios = parse_shifts(drift, flag="--drift")
     if out is not None and out.is_dir():
         raise BadInput(f"--out {out} is a directory", hint="give the report file's path, e.g. --out report.json")
     if plots is not None:
@@ -161,6 +171,8 @@ def simulate(
             source=str(traces),
             progress=bar.update,
             workers=workers,
+            drift=scenarios,
+            drift_seed=drift_seed,
         )
     require_finite(result.model_dump(mode="json"), what="the simulation report")
     if out is not None:
@@ -176,7 +188,7 @@ def simulate(
 
 @trace_app.command("synth")
 def synth(
-    out: Annotated[Path, typer.Option("--out", help="Trace file to write (JSONL).")],
+    out: Annotated[Path, typer.Option("--out", help="Trace file to write (JSONL; binary numpy if it ends in .npz).")],
     steps: Annotated[int, typer.Option("--steps", min=2, help="Decode steps (tokens).")] = 20_000,
     layers: Annotated[str, typer.Option("--layers", help="MoE layer ids, list format.")] = "3-44",
     experts: Annotated[int, typer.Option("--experts", min=1, help="Routed experts per layer.")] = 288,
@@ -188,6 +200,14 @@ def synth(
     skew_min: Annotated[float, typer.Option("--skew-min", min=0.0, help="Smallest per-layer Zipf skew.")] = 0.4,
     skew_max: Annotated[float, typer.Option("--skew-max", min=0.0, help="Largest per-layer Zipf skew.")] = 1.2,
     seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same trace).")] = 0,
+    shift: Annotated[
+        str,
+        typer.Option(
+            "--shift",
+            help="Popularity shifts AT:STRENGTH[,...]: from AT (share of the steps) on, a STRENGTH share of "
+            "each layer's experts swap popularity (1 = fully re-permuted).",
+        ),
+    ] = "none",
     counts: Annotated[Path | None, typer.Option("--counts", help="Also write the counts file here.")] = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
@@ -199,7 +219,14 @@ def synth(
     from pydantic import ValidationError
 
     from glm53.plan.render import render_synthetic_trace
-    from glm53.plan.traces import SyntheticTraceSpec, parse_layers, synthesize_trace, write_counts, write_trace
+    from glm53.plan.traces import (
+        SyntheticTraceSpec,
+        parse_layers,
+        parse_shifts,
+        synthesize_trace,
+        write_counts,
+        write_trace,
+    )
 
     output = Output(json_mode=json_mode)
     for path, flag in ((out, "--out"), (counts, "--counts")):
@@ -216,6 +243,7 @@ def synth(
         "skew_min": skew_min,
         "skew_max": skew_max,
         "seed": seed,
+        "shifts": parse_shifts(shift),
     }
     try:
         spec = SyntheticTraceSpec.model_validate(given)

@@ -23,6 +23,7 @@ class GpuInfo(BaseModel):
     driver_version: str
     compute_capability: tuple[int, int]
     uuid: str | None = None
+    pci_bus_id: str | None = None  # NVML's form, e.g. 00000000:41:00.0 (see topology.pci_device_numa_node)
 
     @property
     def memory_free_bytes(self) -> int:
@@ -65,6 +66,10 @@ def read_gpus(nvml: ModuleType | Any | None = None) -> list[GpuInfo]:
                 uuid: str | None = _text(nvml.nvmlDeviceGetUUID(handle))
             except (error_type, AttributeError):
                 uuid = None
+            try:
+                bus: str | None = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            except (error_type, AttributeError):
+                bus = None
             gpus.append(
                 GpuInfo(
                     index=index,
@@ -74,6 +79,7 @@ def read_gpus(nvml: ModuleType | Any | None = None) -> list[GpuInfo]:
                     driver_version=driver,
                     compute_capability=(int(major), int(minor)),
                     uuid=uuid,
+                    pci_bus_id=bus,
                 )
             )
         return gpus

@@ -155,6 +155,32 @@ def _numa_nodes(root: Path) -> dict[int, tuple[int, ...]]:
     return dict(sorted(nodes.items()))
 
 
+_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+def sysfs_bus_id(bus_id: str) -> str | None:
+    """NVML's PCI bus id ("00000000:41:00.0", 8-digit domain) in sysfs's form ("0000:41:00.0"); None if it is
+    not a bus id."""
+    match = _BUS_ID.match(bus_id.strip())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+
+
+def pci_device_numa_node(root: Path, bus_id: str) -> int | None:
+    """The NUMA node of a PCI device from `/sys/bus/pci/devices/<id>/numa_node`; None when the id is not a bus
+    id, the file is missing, or the kernel says -1 (no affinity known: firmware gave no proximity domain)."""
+    name = sysfs_bus_id(bus_id)
+    if name is None:
+        return None
+    text = _read(root / "sys/bus/pci/devices" / name / "numa_node")
+    if text is None or not text.lstrip("-").isdigit():
+        return None
+    node = int(text)
+    return node if node >= 0 else None
+
+
 def read_topology(root: Path = Path("/")) -> HostTopology:
     cpu_root = root / "sys/devices/system/cpu"
     if not cpu_root.is_dir():
@@ -207,6 +233,8 @@ __all__ = [
     "LogicalCpu",
     "format_cpu_list",
     "parse_cpu_list",
+    "pci_device_numa_node",
     "read_allowed_cpus",
     "read_topology",
+    "sysfs_bus_id",
 ]

@@ -2,8 +2,9 @@
 window.
 
 From a routing trace: rankings and hit curves learned on the first part, the slot budget split across layers
-by exact DP over the learned curves, each layer's pinned/window split the best for its slots, and the result
-scored on the held-out rest. From counts only: popularity without time order, under which pinning the hottest
+by exact DP over the learned curves, each layer's pinned/window split hedged against a popularity shift (the
+learned hits plus a weight on the hits if every pinned expert went cold: `hedged_split`), and the result scored
+on the held-out rest. From counts only: popularity without time order, under which pinning the hottest
 is the best a cache can do, so every slot is pinned. Without statistics: layers are indistinguishable, so the
 principled default is the same slots for every layer, all of them LRU (with no ranking there is nothing to
 pin).
@@ -11,6 +12,7 @@ pin).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -50,6 +52,11 @@ class CachePlan(BaseModel):
     expected_hit_rate: float | None  # held-out when a trace was split, else in-sample, None without statistics
     hit_rate_basis: str
     rankings: dict[str, list[int]] | None = None
+    # Trace plans: the drift hedge (hedged_split) in shares of the learned accesses.
+    hedge_weight: float | None = None
+    learned_hit_rate_unhedged: float | None = None
+    drift_case_hit_rate: float | None = None
+    recipe_drift_case_hit_rate: float | None = None
 
     @property
     def pinned_fraction(self) -> float:
@@ -130,25 +137,159 @@ def counts_plan(
     )
 
 
-def _learn_layer(task: tuple[NDArray[np.int16], int, NDArray[np.int64]]) -> LayerCurves:
-    routes, experts, counts = task
-    return layer_curves(routes, experts, rank_experts(counts), default_pinned_grid(experts))
+def _learn_layer(task: tuple[NDArray[np.int16], int, NDArray[np.int64], int]) -> LayerCurves:
+    routes, experts, counts, index = task
+    grid = default_pinned_grid(experts)
+    curves = layer_curves(routes, experts, rank_experts(counts), grid)
+    # The drift case: the same trace with a ranking that knows nothing (a fixed random order per layer).
+    blind = np.random.default_rng([index, 0xD21F7]).permutation(experts).astype(np.int64)
+    return replace(curves, drift=layer_curves(routes, experts, blind, grid).hits)
 
 
 def learn_from_trace(learn: RoutingTrace, *, workers: int | None = None) -> tuple[NDArray[np.int64], list[LayerCurves]]:
     """Rankings (hottest first, by the learned part's counts) and hit curves of every layer."""
     counts = learn.counts()
-    tasks = [(learn.routes[:, index, :], learn.experts, counts[index]) for index in range(len(learn.layers))]
+    tasks = [(learn.routes[:, index, :], learn.experts, counts[index], index) for index in range(len(learn.layers))]
     if workers is None:
         workers = default_workers(learn.steps * len(learn.layers))
     curves = layer_map(_learn_layer, tasks, workers)
     return np.stack([curve.ranking for curve in curves]), curves
 
 
-def split_from_curves(curves: list[LayerCurves], budget: int, *, min_slots: int) -> list[tuple[int, int]]:
-    """(pinned, window) per layer: DP over the learned best-split curves, then each layer's best split."""
+RECIPE_PINNED_FRACTION = 0.2  # the recipe's own policy: EXL3_PINNED_FRAC=0.2 of the same slots per layer
+# The drift case's weight in the objective: learned hits + 0.6 x drift-case hits is, up to a factor, the
+# expected hits when 0.6 / 1.6 = 37.5% of the served tokens come after a full re-permutation of popularity.
+HEDGE_WEIGHT = 0.6
+HEDGE_TOLERANCE = 0.05  # guard: the drift case may fall at most this share of the accesses below the recipe's
+HEDGE_MAX_WEIGHT = 1000.0  # at this weight of the drift case the split is as drift-proof as the slots allow
+HEDGE_BISECTIONS = 24
+
+
+@dataclass(frozen=True)
+class Hedge:
+    """How the pinned/window split was hedged against a popularity shift (see `split_from_curves`)."""
+
+    weight: float  # the drift case's weight in the objective; 0 = not needed
+    drift_hits: float  # the plan's expected learned-part hits with every pinned expert re-permuted
+    recipe_drift_hits: float  # the recipe's, in the same case
+    stationary_hits: int  # the plan's learned-part hits
+    unhedged_hits: int  # the unhedged plan's learned-part hits
+    accesses: int
+
+
+def _row(curve: LayerCurves, pinned: int) -> int:
+    """The grid row of the pinned count nearest `pinned` (the grid holds every count up to 16)."""
+    return int(np.argmin(np.abs(curve.pinned_counts - pinned)))
+
+
+def drift_case(curve: LayerCurves, pinned: int, window: int) -> float:
+    """Hits of (pinned, window) on the learned part if the popularity were fully re-permuted: the pinned
+    experts are then as good as random ones. Measured, not modelled: the learned part replayed with the
+    pinned set drawn from a random ranking (an LRU's hits do not depend on which experts are hot)."""
+    if curve.drift is None:
+        raise ValueError("curves learned without their drift case")
+    row = _row(curve, pinned)
+    return float(curve.drift[row, min(window, len(curve.ranking) - int(curve.pinned_counts[row]))])
+
+
+def _split_at(curve: LayerCurves, slots: int, weight: float) -> tuple[int, int]:
+    assert curve.drift is not None
+    grid = curve.pinned_counts
+    rows = np.flatnonzero(grid <= slots)
+    windows = slots - grid[rows]
+    value = curve.hits[rows, windows] + weight * curve.drift[rows, windows]
+    choice = int(rows[int(np.argmax(value))])
+    return int(grid[choice]), slots - int(grid[choice])
+
+
+def split_from_curves(
+    curves: list[LayerCurves], budget: int, *, min_slots: int, hedged: bool = True, tolerance: float | None = None
+) -> list[tuple[int, int]]:
+    return hedged_split(curves, budget, min_slots=min_slots, hedged=hedged, tolerance=tolerance)[0]
+
+
+def hedged_split(
+    curves: list[LayerCurves], budget: int, *, min_slots: int, hedged: bool = True, tolerance: float | None = None
+) -> tuple[list[tuple[int, int]], Hedge]:
+    """(pinned, window) per layer.
+
+    Slots per layer: exact DP over the learned best-split curves (a re-permutation of expert ids keeps each
+    layer's skew and reuse pattern, so this split across layers does not depend on which experts are hot).
+    Pinned vs window per layer: the learned optimum pins 70-95% of the slots, which is right while the ranking
+    holds and badly wrong once popularity moves. Hedged, each layer maximises
+        learned hits + weight x hits in the drift case (every pinned expert re-permuted, `drift_case`)
+    with weight HEDGE_WEIGHT (a prior: 37.5% of the served tokens come after a full re-permutation), raised by
+    bisection where needed so that the drift case stays within `tolerance` (a share of the accesses) of the
+    recipe's own policy (20% pinned of uniform slots) in the same case. The knobs are the engine's: slots and
+    pinned count per layer (EXL3_LRU_CAPACITY_PLAN) and the rankings file; nothing else changes.
+    """
+    tolerance = HEDGE_TOLERANCE if tolerance is None else tolerance
+    experts = len(curves[0].ranking) if curves else 0
     slots = allocate_slots([curve.best for curve in curves], budget, min_slots=min_slots)
-    return [(int(curve.best_pinned[s]), s - int(curve.best_pinned[s])) for curve, s in zip(curves, slots, strict=True)]
+    accesses = sum(curve.accesses for curve in curves)
+    uniform = uniform_split(sum(slots), len(curves), experts)
+    recipe = 0.0
+    for curve, s in zip(curves, uniform, strict=True):
+        pinned = round(RECIPE_PINNED_FRACTION * s)
+        recipe += drift_case(curve, pinned, s - pinned)
+
+    def stationary(splits: list[tuple[int, int]]) -> int:
+        return sum(
+            int(curve.hits[int(np.searchsorted(curve.pinned_counts, p)), w])
+            for curve, (p, w) in zip(curves, splits, strict=True)
+        )
+
+    unhedged = [(int(c.best_pinned[s]), s - int(c.best_pinned[s])) for c, s in zip(curves, slots, strict=True)]
+
+    def at(weight: float) -> tuple[list[tuple[int, int]], float]:
+        splits = unhedged if weight == 0 else [_split_at(c, s, weight) for c, s in zip(curves, slots, strict=True)]
+        return splits, sum(drift_case(c, p, w) for c, (p, w) in zip(curves, splits, strict=True))
+
+    floor = recipe - tolerance * accesses
+    chosen, drift = at(0.0)
+    weight = 0.0
+    if hedged:
+        weight = HEDGE_WEIGHT
+        chosen, drift = at(weight)
+    if hedged and drift < floor:
+        # The drift case rises with the weight (a Lagrangian): bisect for the smallest weight that holds it.
+        low, high = HEDGE_WEIGHT, HEDGE_MAX_WEIGHT
+        chosen, drift = at(high)
+        weight = high
+        for _ in range(HEDGE_BISECTIONS):
+            middle = (low + high) / 2
+            splits, value = at(middle)
+            if value >= floor:
+                high, chosen, drift, weight = middle, splits, value, middle
+            else:
+                low = middle
+    if hedged and weight > 0:
+        # Re-split the slots across layers for the hedged objective too (one more DP over each layer's best
+        # learned + weight x drift-case value); kept when it is no worse on either count.
+        combined = []
+        for curve in curves:
+            assert curve.drift is not None
+            hedged_value = np.where(curve.hits >= 0, curve.hits + weight * curve.drift, -np.inf)
+            best = np.full(len(curve.best), -np.inf)
+            for row, pinned in enumerate(curve.pinned_counts.tolist()):
+                best[pinned:] = np.maximum(best[pinned:], hedged_value[row, : len(best) - pinned])
+            combined.append(np.round(best * 16).astype(np.int64))
+        resplit = [
+            _split_at(c, s, weight)
+            for c, s in zip(curves, allocate_slots(combined, budget, min_slots=min_slots), strict=True)
+        ]
+        resplit_drift = sum(drift_case(c, p, w) for c, (p, w) in zip(curves, resplit, strict=True))
+        if resplit_drift >= min(drift, floor) and stationary(resplit) >= stationary(chosen):
+            chosen, drift = resplit, resplit_drift
+    hedge = Hedge(
+        weight=weight,
+        drift_hits=drift,
+        recipe_drift_hits=recipe,
+        stationary_hits=stationary(chosen),
+        unhedged_hits=stationary(unhedged),
+        accesses=accesses,
+    )
+    return chosen, hedge
 
 
 def trace_plan(
@@ -166,7 +307,7 @@ def trace_plan(
     _check_layers(trace.layers, trace.experts, moe_layers, experts, f"routing trace {source}")
     learn, score = trace.split(learn_fraction)
     rankings, curves = learned if learned is not None else learn_from_trace(learn)
-    splits = split_from_curves(curves, budget, min_slots=min_slots)
+    splits, hedge = hedged_split(curves, budget, min_slots=min_slots)
     layers: list[LayerCache] = []
     scored_hits = 0
     for index, (layer, (pinned, window), curve) in enumerate(zip(moe_layers, splits, curves, strict=True)):
@@ -179,7 +320,7 @@ def trace_plan(
                 slots=s,
                 pinned=pinned,
                 window=s - pinned,
-                learned_hit_rate=float(curve.best[s] / curve.accesses),
+                learned_hit_rate=float(curve.hits[_row(curve, pinned), s - pinned] / curve.accesses),
                 scored_hit_rate=hits / (score.steps * score.top_k),
             )
         )
@@ -193,6 +334,10 @@ def trace_plan(
         expected_hit_rate=scored_hits / (score.steps * score.top_k * len(moe_layers)),
         hit_rate_basis=(f"held out: learned on the first {learn.steps:,} steps, scored on the other {score.steps:,}"),
         rankings={str(layer): rankings[i].tolist() for i, layer in enumerate(moe_layers)},
+        hedge_weight=hedge.weight,
+        learned_hit_rate_unhedged=hedge.unhedged_hits / max(1, hedge.accesses),
+        drift_case_hit_rate=hedge.drift_hits / max(1, hedge.accesses),
+        recipe_drift_case_hit_rate=hedge.recipe_drift_hits / max(1, hedge.accesses),
     )
 
 
@@ -223,8 +368,11 @@ def plan_cache(
 
 __all__ = [
     "CachePlan",
+    "Hedge",
     "LayerCache",
     "counts_plan",
+    "drift_case",
+    "hedged_split",
     "learn_from_trace",
     "plan_cache",
     "split_from_curves",

@@ -174,7 +174,9 @@ def _int_field(config: dict[str, Any], key: str, path: Path, default: int | None
 def _dsa_layers(text: dict[str, Any], layers: int, path: Path) -> tuple[int, ...]:
     types = text.get("layer_types")
     if isinstance(types, list) and len(types) >= layers:
-        return tuple(n for n, kind in enumerate(types[:layers]) if str(kind).lower() in ("dsa", "full_attention"))
+        # The converter's config names DSA layers "deepseek_sparse_attention" (tests/fixtures/exl3).
+        dsa_names = ("dsa", "deepseek_sparse_attention", "full_attention")
+        return tuple(n for n, kind in enumerate(types[:layers]) if str(kind).lower() in dsa_names)
     start, interval = text.get("dsa_layer_start", 3), text.get("dsa_layer_interval", 4)
     if not isinstance(start, int) or not isinstance(interval, int) or interval <= 0:
         raise BadInput(f"model config {path}: dsa_layer_start / dsa_layer_interval must be integers")

@@ -2,11 +2,13 @@
 
     (a) uniform LRU      the same slots per layer, all LRU
     (b) recipe           the same slots per layer, the hottest 20% of them pinned, the rest LRU
-    (c) planned          slots split across layers by DP, each layer's pinned/LRU split learned
+    (c) planned          slots split across layers by DP, each layer's pinned/LRU split learned and hedged
+                         against drift (cache_plan.hedged_split)
     (d) Belady MIN       the optimum for (c)'s slots per layer: no policy with that allocation hits more
 
 Rankings and curves are learned on the first part of the trace only; every policy is scored on the rest, each
-layer's cache starting empty (pinned experts loaded up front).
+layer's cache starting empty (pinned experts loaded up front). Drift scenarios replay the trace with its expert
+ids relabelled from a step on (traces.drift_trace), each re-learned on its own first part, through (b) and (c).
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
 from glm53.plan.allocation import uniform_split
-from glm53.plan.cache_plan import learn_from_trace, split_from_curves
+from glm53.plan.cache_plan import RECIPE_PINNED_FRACTION, learn_from_trace, split_from_curves
 from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.cost_model import CostModel, build_cost_model, read_probe_bandwidth
 from glm53.plan.kv_budget import derive_kv
+from glm53.plan.miss_ratio import LayerCurves
 from glm53.plan.parallel import cpu_seconds, default_workers, layer_map
 from glm53.plan.simulate import belady_hits, pinned_lru_hits
-from glm53.plan.traces import RoutingTrace
+from glm53.plan.traces import RoutingTrace, drift_trace
 
-RECIPE_PINNED_FRACTION = 0.2
 POLICIES = {
     "a": "uniform LRU",
     "b": "recipe: 20% pinned",
@@ -52,6 +54,22 @@ class PolicyResult(BaseModel):
     pcie_bytes_per_token: float | None = None
 
 
+class DriftResult(BaseModel):
+    """One drift scenario at one budget: the trace with popularity shifted at `at` (share of the steps) by
+    `strength` (share of each layer's experts re-permuted), re-learned and re-planned on its own first part."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: float
+    strength: float
+    recipe_hit_rate: float
+    planned_hit_rate: float
+
+    @property
+    def gain(self) -> float:
+        return self.planned_hit_rate - self.recipe_hit_rate
+
+
 class BudgetResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -61,6 +79,7 @@ class BudgetResult(BaseModel):
     pinned_per_layer_planned: list[int]
     results: list[PolicyResult]
     seconds: float
+    drift: list[DriftResult] = []
 
     def result(self, policy: str) -> PolicyResult:
         return next(r for r in self.results if r.policy == policy)
@@ -68,6 +87,11 @@ class BudgetResult(BaseModel):
     @property
     def planned_gain_over_recipe(self) -> float:
         return self.result("c").hit_rate - self.result("b").hit_rate
+
+    @property
+    def worst_drift_gain(self) -> float | None:
+        """The planned policy's worst result against the recipe over the drift scenarios (None without any)."""
+        return min((d.gain for d in self.drift), default=None)
 
     @property
     def planned_gap_to_min(self) -> float:
@@ -90,6 +114,7 @@ class ComparisonReport(BaseModel):
     workers: int = 1
     budgets: list[BudgetResult]
     cost_model: CostModel | None = None
+    drift_scenarios: list[tuple[float, float]] = []
 
 
 def _noop(stage: str, done: int, total: int) -> None:
@@ -147,6 +172,8 @@ def compare_policies(
     source: str = "",
     progress: Progress = _noop,
     workers: int | None = None,
+    drift: Sequence[tuple[float, float]] = (),
+    drift_seed: int = 0,
 ) -> ComparisonReport:
     """Learn on the first `learn_fraction`, then score the four policies on the rest at each budget.
 
@@ -172,6 +199,7 @@ def compare_policies(
     learn, score = trace.split(learn_fraction)
     progress("learning", 0, layers)
     rankings, curves = learn_from_trace(learn, workers=workers)
+    learned = (rankings, curves)
     progress("learning", layers, layers)
     learn_seconds = time.perf_counter() - started
     uniform = [uniform_split(b, layers, experts) for b in budgets]
@@ -196,6 +224,10 @@ def compare_policies(
             totals[(i, "c")] += lru[3 * i + 2]
             totals[(i, "d")] += optimum[i]
             budget_seconds[i] += lru_seconds / len(budgets) + seconds[i]
+    drift_rates = [
+        _drift_scenario(trace, scenario, budgets, uniform, learn_fraction, minimum, workers, drift_seed, learned)
+        for scenario in drift
+    ]
     results: list[BudgetResult] = []
     for i, (fraction, slots) in enumerate(zip(fractions, budgets, strict=True)):
         rows = []
@@ -220,6 +252,10 @@ def compare_policies(
                 pinned_per_layer_planned=[p for p, _ in planned[i]],
                 results=rows,
                 seconds=budget_seconds[i],
+                drift=[
+                    DriftResult(at=at, strength=strength, recipe_hit_rate=rates[i][0], planned_hit_rate=rates[i][1])
+                    for (at, strength), rates in zip(drift, drift_rates, strict=True)
+                ],
             )
         )
     return ComparisonReport(
@@ -236,7 +272,43 @@ def compare_policies(
         workers=workers,
         budgets=results,
         cost_model=cost,
+        drift_scenarios=[(float(at), float(strength)) for at, strength in drift],
     )
+
+
+def _drift_scenario(
+    trace: RoutingTrace,
+    scenario: tuple[float, float],
+    budgets: list[int],
+    uniform: list[list[int]],
+    learn_fraction: float,
+    minimum: int,
+    workers: int,
+    seed: int,
+    learned: tuple[NDArray[np.int64], list[LayerCurves]],
+) -> list[tuple[float, float]]:
+    """(recipe, planned) hit rates per budget on the trace drifted by `scenario`, planned from its own first
+    part (the base trace's learning is reused when the shift comes after it: that part is unchanged)."""
+    drifted = drift_trace(trace, [scenario], seed)
+    learn, score = drifted.split(learn_fraction)
+    if round(scenario[0] * trace.steps) < learn.steps:
+        learned = learn_from_trace(learn, workers=workers)
+    rankings, curves = learned
+    planned = [split_from_curves(curves, b, min_slots=minimum) for b in budgets]
+    tasks: list[_ScoreTask] = []
+    for index in range(len(trace.layers)):
+        splits: list[tuple[int, int]] = []
+        for i in range(len(budgets)):
+            slots = uniform[i][index]
+            pinned = round(RECIPE_PINNED_FRACTION * slots)
+            splits += [(pinned, slots - pinned), planned[i][index]]
+        tasks.append((score.routes[:, index, :], trace.experts, rankings[index], splits, []))
+    scored = layer_map(_score_layer, tasks, workers)
+    total = score.steps * score.top_k * len(trace.layers)
+    return [
+        (sum(lru[2 * i] for lru, *_ in scored) / total, sum(lru[2 * i + 1] for lru, *_ in scored) / total)
+        for i in range(len(budgets))
+    ]
 
 
 __all__ = [
@@ -244,6 +316,7 @@ __all__ = [
     "RECIPE_PINNED_FRACTION",
     "BudgetResult",
     "ComparisonReport",
+    "DriftResult",
     "PolicyResult",
     "compare_policies",
     "parse_budgets",

@@ -67,6 +67,9 @@ class LayerCurves:
     hits: NDArray[np.int64]
     best: NDArray[np.int64]  # (experts + 1,)
     best_pinned: NDArray[np.int64]
+    # Optional: hits[i, w] with pinned_counts[i] experts pinned by a random ranking instead (what pinning by a
+    # stale ranking is worth once popularity is fully re-permuted); see cache_plan.hedged_split.
+    drift: NDArray[np.int64] | None = None
 
     def lru_only(self) -> NDArray[np.int64]:
         row: NDArray[np.int64] = self.hits[0]

@@ -9,6 +9,9 @@ GPU side, per tensor-parallel rank (every rank caches the same experts, each its
     KV         = KV_CACHE_MEMORY_BYTES (given, or derived for max_model_len x max_num_seqs)
     workspace  = CUDA context + NCCL + graphs + activations for max_num_batched_tokens
     headroom   = a fixed guard against fragmentation
+    staging    = room for one decode step's misses of one layer (top_k x max_num_seqs experts): the cache model
+                 looks a step's experts up first and loads the misses after, so a miss never evicts an expert
+                 the same step still needs; layers run one after another, so one buffer serves them all
     expert slots = what is left, in whole slots of one expert's shard
 Host side: every rank keeps its shard of every routed expert in pinned memory (UVA), so the pinned pool is the
 whole routed-expert set; the rest of the budget is the serving overhead and page cache.
@@ -54,6 +57,8 @@ class GpuSpec(BaseModel):
     total_bytes: int = Field(gt=0)
     used_bytes: int = 0
     memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH
+    pci_bus_id: str | None = None
+    numa_node: int | None = None  # the PCI device's NUMA node (sysfs); None: unknown or -1
 
 
 class ServingShape(BaseModel):
@@ -87,6 +92,8 @@ class GpuLedger(BaseModel):
     expert_slots: int
     expert_slot_bytes: int
     expert_cache_bytes: int
+    staging_slots: int = 0
+    staging_bytes: int = 0
     unused_bytes: int
 
 
@@ -135,6 +142,11 @@ def workspace_estimate(model: ModelFacts, shape: ServingShape) -> int:
         model.num_experts_per_tok * model.moe_intermediate_size * 2 * 2 // shape.tensor_parallel_size
     )
     return GIB // 2 + GIB // 4 + shape.max_num_batched_tokens * per_token
+
+
+def staging_slots_for(model: ModelFacts, shape: ServingShape) -> int:
+    """Slots of staging room: one decode step's distinct experts of one layer, at most every routed expert."""
+    return min(model.n_routed_experts, model.num_experts_per_tok * shape.max_num_seqs)
 
 
 def host_budget(memory: HostMemory, reserve: int) -> tuple[int, str]:
@@ -214,6 +226,8 @@ def build_plan(
     weights = model.non_expert_bytes_per_rank(tp)
     workspace = shape.gpu_workspace_bytes if shape.gpu_workspace_bytes is not None else workspace_estimate(model, shape)
     layers = model.moe_layers
+    staging_slots = staging_slots_for(model, shape)
+    staging = staging_slots * slot_bytes
     min_slots = model.num_experts_per_tok * len(layers)
     max_slots = model.n_routed_experts * len(layers)
     free_per_gpu: list[int] = []
@@ -227,17 +241,17 @@ def build_plan(
                 fix=f"stop what uses GPU {gpu.index}, or set GPU_MEMORY_UTILIZATION="
                 f"{math.floor((gpu.total_bytes - gpu.used_bytes) / gpu.total_bytes * 100) / 100}",
             )
-        free_per_gpu.append(budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes)
+        free_per_gpu.append(budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes - staging)
     tightest = min(range(len(used_gpus)), key=lambda i: free_per_gpu[i])
     free = free_per_gpu[tightest]
     gpu = used_gpus[tightest]
-    fixed = weights + workspace + shape.gpu_headroom_bytes + min_slots * slot_bytes
+    fixed = weights + workspace + shape.gpu_headroom_bytes + staging + min_slots * slot_bytes
     budget_tight = int(gpu.total_bytes * shape.gpu_memory_utilization)
     if fixed > budget_tight:
         needed = fixed + kv_bytes
         raise Infeasible(
             f"GPU {gpu.index}: weights {_gib(weights)} + workspace {_gib(workspace)} + headroom "
-            f"{_gib(shape.gpu_headroom_bytes)} + the minimum expert cache "
+            f"{_gib(shape.gpu_headroom_bytes)} + expert staging {_gib(staging)} + the minimum expert cache "
             f"({model.num_experts_per_tok} slots x "
             f"{len(layers)} layers = {_gib(min_slots * slot_bytes)}) exceed its budget {_gib(budget_tight)}",
             constraint=f"gpu{gpu.index} memory",
@@ -314,10 +328,18 @@ def build_plan(
                 expert_slots=cache.total_slots,
                 expert_slot_bytes=slot_bytes,
                 expert_cache_bytes=cache_bytes,
-                unused_bytes=budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes - cache_bytes,
+                staging_slots=staging_slots,
+                staging_bytes=staging,
+                unused_bytes=budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes - staging - cache_bytes,
             )
         )
-    cpu_sets = plan_cpu_sets(host.require_topology(), tp, shape.pool_threads)
+    cpu_sets = plan_cpu_sets(
+        host.require_topology(),
+        tp,
+        shape.pool_threads,
+        # A GPU known only by its size (flags) has no PCI address, so no node: say so rather than guess.
+        gpu_nodes=[g.numa_node for g in used_gpus] if all(g.pci_bus_id for g in used_gpus) else None,
+    )
     if not any(cpu_sets.pools):
         warnings.append("no CPU pool threads: every core stays with serving (too few cores per L3 domain)")
     cost = build_cost_model(
@@ -357,8 +379,19 @@ def build_plan(
     )
 
 
-def gpu_spec(gpu: GpuInfo) -> GpuSpec:
-    return GpuSpec(index=gpu.index, name=gpu.name, total_bytes=gpu.memory_total_bytes, used_bytes=gpu.memory_used_bytes)
+def gpu_spec(gpu: GpuInfo, root: Path | None = None) -> GpuSpec:
+    """A GpuSpec from NVML's facts; with `root`, the GPU's NUMA node from sysfs under it."""
+    from glm53.host.topology import pci_device_numa_node
+
+    node = pci_device_numa_node(root, gpu.pci_bus_id) if root is not None and gpu.pci_bus_id else None
+    return GpuSpec(
+        index=gpu.index,
+        name=gpu.name,
+        total_bytes=gpu.memory_total_bytes,
+        used_bytes=gpu.memory_used_bytes,
+        pci_bus_id=gpu.pci_bus_id,
+        numa_node=node,
+    )
 
 
 def detect_gpus(nvml: object | None = None) -> list[GpuSpec]:
@@ -430,7 +463,7 @@ def plan_for_host(
     from glm53.plan.traces import read_routing_stats
 
     host = read_host_facts(root, engine_libraries=None)
-    found = gpus if gpus is not None else [gpu_spec(gpu) for gpu in host.gpus]
+    found = gpus if gpus is not None else [gpu_spec(gpu, root) for gpu in host.gpus]
     if not found:
         raise Unavailable(
             "no NVIDIA GPU found on this machine",
@@ -464,5 +497,6 @@ __all__ = [
     "host_budget",
     "plan_for_host",
     "shape_from_profile",
+    "staging_slots_for",
     "workspace_estimate",
 ]

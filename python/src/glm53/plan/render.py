@@ -44,11 +44,13 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
         ("workspace", [g.workspace_bytes for g in plan.gpus]),
         ("headroom", [g.headroom_bytes for g in plan.gpus]),
         ("expert slots", [g.expert_cache_bytes for g in plan.gpus]),
+        ("expert staging (one step's misses)", [g.staging_bytes for g in plan.gpus]),
         ("left over (< 1 slot)", [g.unused_bytes for g in plan.gpus]),
     ]
     for label, values in rows:
         gpus.add_row(label, *(_gib(v) for v in values))
     gpus.add_row("slots x bytes", *(f"{g.expert_slots:,} x {g.expert_slot_bytes:,} B" for g in plan.gpus))
+    gpus.add_row("staging slots", *(f"{g.staging_slots:,}" for g in plan.gpus))
     console.print(gpus)
 
     kv = plan.kv
@@ -106,6 +108,7 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
         f"{cpus.l3_domains} L3 domain(s), {cpus.numa_nodes} NUMA node(s) with allowed CPUs, "
         + ("SMT" if cpus.smt else "no SMT"),
     )
+    table.add_row("NUMA placement", cpus.placement or "-")
     console.print(table)
 
     cache = plan.cache
@@ -128,6 +131,13 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
         f"pinned share {cache.pinned_fraction:.1%}; expected hit rate "
         + ("unknown (no routing statistics)" if hit is None else f"{hit:.1%} ({cache.hit_rate_basis})")
     )
+    if cache.hedge_weight is not None and cache.drift_case_hit_rate is not None:
+        console.print(
+            f"drift hedge: weight {cache.hedge_weight:.2f} on the re-permuted case; learned hit rate "
+            f"{_rate(cache.layers)} (unhedged {cache.learned_hit_rate_unhedged or 0:.1%}); if popularity "
+            f"were fully re-permuted: {cache.drift_case_hit_rate:.1%} vs the recipe's "
+            f"{cache.recipe_drift_case_hit_rate or 0:.1%}"
+        )
     if plan.predicted_tokens_per_s is not None:
         console.print(
             f"predicted decode: {plan.predicted_tokens_per_s:.1f} tok/s "
@@ -142,6 +152,11 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
         for key, value in env.items():
             table.add_row(key, value)
         console.print(table)
+
+
+def _rate(layers: list[LayerCache]) -> str:
+    rates = [layer.learned_hit_rate for layer in layers if layer.learned_hit_rate is not None]
+    return f"{sum(rates) / len(rates):.1%}" if rates else "-"
 
 
 def _runs(layers: list[LayerCache]) -> list[tuple[int, int, LayerCache]]:
@@ -194,6 +209,25 @@ def render_comparison(report: ComparisonReport, console: Console) -> None:
             f"{budget.planned_gain_over_recipe * 100:.2f} "
             f"points; Belady MIN (d) is {budget.planned_gap_to_min * 100:.2f} points above (c)"
         )
+    if report.drift_scenarios:
+        table = Table(
+            title="Drift: planned (c) minus recipe (b), points, each scenario re-learned on its own first part",
+            title_justify="left",
+        )
+        table.add_column("budget", justify="right")
+        table.add_column("stationary", justify="right")
+        for at, strength in report.drift_scenarios:
+            table.add_column(f"shift {strength:.0%} at {at:.0%}", justify="right")
+        table.add_column("worst", justify="right")
+        for budget in report.budgets:
+            worst = budget.worst_drift_gain
+            table.add_row(
+                f"{budget.fraction:.0%}",
+                f"{budget.planned_gain_over_recipe * 100:+.2f}",
+                *(f"{d.gain * 100:+.2f}" for d in budget.drift),
+                "-" if worst is None else f"{worst * 100:+.2f}",
+            )
+        console.print(table)
     if report.cost_model is not None:
         console.print(
             f"cost model: host->device {report.cost_model.host_to_device.source}; GPU {report.cost_model.gpu_note}"

@@ -8,6 +8,11 @@ Trace (JSONL, one JSON object per line):
 One line per decode step (one token of one sequence). Within a layer's list the ids are distinct, in the
 router's order (highest score first); the simulator takes them in that order.
 
+Binary trace (.npz, numpy's uncompressed zip of arrays; `write_trace` picks it by the .npz suffix, readers by
+its magic bytes): `header`, the same header JSON as uint8 bytes, and `routes`, an integer array (steps, layers,
+top_k) in header order. Read with allow_pickle=False and validated like the JSONL form (ids in range, distinct
+within a step's layer, shape matching the header); errors name the step.
+
 Counts (JSON): {"format": "glm53-routing-counts", "version": 1, "experts": 288, "tokens": N,
                 "layers": {"3": [count of expert 0, count of expert 1, ...], ...}}
 Counts carry popularity only (no order in time), so they can rank experts but cannot size an LRU window.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +146,56 @@ def _bad_trace(path: Path, line: int, problem: str) -> BadInput:
 
 def read_trace(path: Path) -> RoutingTrace:
     path = Path(path)
-    return _parse_trace(path, read_bytes_bounded(path, what="routing trace", max_bytes=MAX_TRACE_BYTES))
+    data = read_bytes_bounded(path, what="routing trace", max_bytes=MAX_TRACE_BYTES)
+    return _parse_npz(path, data) if data.startswith(NPZ_MAGIC) else _parse_trace(path, data)
+
+
+NPZ_MAGIC = b"PK\x03\x04"
+
+
+def _parse_npz(path: Path, data: bytes) -> RoutingTrace:
+    """The binary form: same header, same checks as the JSONL one, over whole arrays."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive_zip:  # a compressed member may expand: bound it first
+            expanded = sum(info.file_size for info in archive_zip.infolist())
+        if expanded > MAX_TRACE_BYTES:
+            raise _bad_binary(path, f"its arrays expand to {expanded:,} bytes, more than {MAX_TRACE_BYTES:,}")
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            if set(archive.files) != {"header", "routes"}:
+                raise _bad_binary(path, f"expected the arrays header and routes, found {sorted(archive.files)[:4]}")
+            header_bytes = archive["header"]
+            routes = archive["routes"]
+    except (ValueError, OSError, KeyError, zipfile.BadZipFile) as exc:  # a pickled object array, a broken zip
+        raise _bad_binary(path, f"not a readable numpy archive ({str(exc)[:80]})") from exc
+    if header_bytes.dtype != np.uint8 or header_bytes.ndim != 1:
+        raise _bad_binary(path, "header must be the header JSON as uint8 bytes")
+    header = _parse_header(path, header_bytes.tobytes())
+    shape = (len(header.layers), header.top_k)
+    if routes.dtype.kind not in "iu" or routes.ndim != 3 or routes.shape[1:] != shape or routes.shape[0] < 1:
+        raise _bad_binary(
+            path,
+            f"routes must be integers of shape (steps >= 1, {shape[0]}, {shape[1]}), got {routes.dtype} "
+            f"{list(routes.shape)}",
+        )
+    outside = (routes < 0) | (routes >= header.experts)
+    if outside.any():
+        step, layer, k = (int(v) for v in np.argwhere(outside)[0])
+        raise _bad_binary(
+            path,
+            f"step {step}, layer {header.layers[layer]}: expert id {int(routes[step, layer, k])} outside "
+            f"0..{header.experts - 1}",
+        )
+    routes = routes.astype(np.int16)
+    ordered = np.sort(routes, axis=2)
+    twice = (ordered[:, :, 1:] == ordered[:, :, :-1]).any(axis=2)
+    if twice.any():
+        step, layer = (int(v) for v in np.argwhere(twice)[0])
+        raise _bad_binary(path, f"step {step}: layer {header.layers[layer]} lists an expert twice")
+    return RoutingTrace(tuple(header.layers), header.experts, header.top_k, routes)
+
+
+def _bad_binary(path: Path, problem: str) -> BadInput:
+    return BadInput(f"routing trace {path} (binary): {problem}", hint=_TRACE_HINT)
 
 
 def _parse_header(path: Path, first: bytes) -> TraceHeader:
@@ -221,6 +276,7 @@ def _parse_trace(path: Path, data: bytes) -> RoutingTrace:
 
 
 def write_trace(path: Path, trace: RoutingTrace) -> None:
+    """JSONL, or the binary form when the path ends in .npz."""
     header = {
         "format": TRACE_FORMAT,
         "version": FORMAT_VERSION,
@@ -228,6 +284,12 @@ def write_trace(path: Path, trace: RoutingTrace) -> None:
         "experts": trace.experts,
         "top_k": trace.top_k,
     }
+    if Path(path).suffix == ".npz":
+        buffer = io.BytesIO()
+        header_bytes = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+        np.savez(buffer, header=header_bytes, routes=np.ascontiguousarray(trace.routes, dtype=np.int16))
+        atomic_write_bytes(Path(path), buffer.getvalue())
+        return
     lines = [json.dumps(header)]
     for step, row in enumerate(trace.routes.tolist()):
         lines.append(json.dumps({"step": step, "experts": row}, separators=(",", ":")))
@@ -261,6 +323,8 @@ def read_routing_stats(path: Path) -> RoutingTrace | RoutingCounts:
     """A trace (JSONL) or a counts file (JSON), told apart by the format field of the first line."""
     path = Path(path)
     data = read_bytes_bounded(path, what="routing statistics", max_bytes=MAX_TRACE_BYTES)
+    if data.startswith(NPZ_MAGIC):
+        return _parse_npz(path, data)
     first = data[: data.find(b"\n") if b"\n" in data[: 1 << 20] else 1 << 20]
     if TRACE_FORMAT.encode() in first:
         return _parse_trace(path, data)
@@ -286,6 +350,17 @@ class SyntheticTraceSpec(BaseModel):
     skew_min: float = Field(default=0.4, ge=0.0, le=100.0, allow_inf_nan=False)
     skew_max: float = Field(default=1.2, ge=0.0, le=100.0, allow_inf_nan=False)
     seed: int = Field(default=0, ge=0)  # numpy's generators take non-negative seeds
+    # Popularity shifts: (at, strength) = from step round(at x steps) on, a random `strength` share of each
+    # layer's experts swap popularity among themselves (1.0: the whole ranking re-permuted).
+    shifts: tuple[tuple[float, float], ...] = ()
+
+    @field_validator("shifts")
+    @classmethod
+    def _shifts(cls, value: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+        for at, strength in value:
+            if not (0.0 < at < 1.0 and 0.0 <= strength <= 1.0):
+                raise ValueError(f"shift {at}:{strength} needs 0 < at < 1 and 0 <= strength <= 1")
+        return tuple(sorted(value))
 
 
 def parse_layers(text: str, *, flag: str = "--layers") -> tuple[int, ...]:
@@ -294,6 +369,54 @@ def parse_layers(text: str, *, flag: str = "--layers") -> tuple[int, ...]:
     if not layers:
         raise BadInput(f"{flag} is empty", hint=f"e.g. {flag} 3-44")
     return layers
+
+
+def parse_shifts(text: str, *, flag: str = "--shift") -> tuple[tuple[float, float], ...]:
+    """'0.5:1.0,0.8:0.3' -> ((0.5, 1.0), (0.8, 0.3)): popularity shifts at a share of the steps, of a strength
+    (the share of experts re-permuted); 'none' or '' -> ()."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    out: list[tuple[float, float]] = []
+    for part in text.split(","):
+        at, colon, strength = part.strip().partition(":")
+        try:
+            pair = (float(at), float(strength) if colon else 1.0)
+        except ValueError as exc:
+            raise BadInput(f"{flag} {part.strip()!r}: expected AT:STRENGTH such as 0.5:1.0") from exc
+        if not (0.0 < pair[0] < 1.0 and 0.0 <= pair[1] <= 1.0):
+            raise BadInput(f"{flag} {part.strip()!r}: AT must lie in (0, 1) and STRENGTH in [0, 1]")
+        out.append(pair)
+    return tuple(out)
+
+
+def shift_permutations(
+    experts: int, layers: int, shifts: Sequence[tuple[float, float]], seed: int
+) -> list[NDArray[np.int64]]:
+    """Per shift, a (layers, experts) relabelling: expert e's popularity passes to perm[layer, e]. A random
+    `strength` share of each layer's experts is permuted among itself, the rest keep theirs."""
+    rng = np.random.default_rng([seed, 0x5317])
+    out = []
+    for _, strength in shifts:
+        perm = np.tile(np.arange(experts, dtype=np.int64), (layers, 1))
+        moved = round(strength * experts)
+        for layer in range(layers):
+            chosen = rng.choice(experts, size=moved, replace=False)
+            perm[layer, chosen] = chosen[rng.permutation(moved)]
+        out.append(perm)
+    return out
+
+
+def drift_trace(trace: RoutingTrace, shifts: Sequence[tuple[float, float]], seed: int = 0) -> RoutingTrace:
+    """The same trace with its popularity shifted: from each shift's step on, expert ids are relabelled by that
+    shift's permutation (composed with the earlier ones). Locality and each layer's skew are kept; which experts
+    are hot changes."""
+    routes = trace.routes.astype(np.int64)
+    ordered = sorted(shifts)
+    for (at, _), perm in zip(ordered, shift_permutations(trace.experts, len(trace.layers), ordered, seed), strict=True):
+        start = round(at * trace.steps)
+        for index in range(len(trace.layers)):
+            routes[start:, index, :] = perm[index][routes[start:, index, :]]
+    return RoutingTrace(trace.layers, trace.experts, trace.top_k, routes.astype(np.int16))
 
 
 def synthesize_trace(spec: SyntheticTraceSpec) -> RoutingTrace:
@@ -324,7 +447,8 @@ def synthesize_trace(spec: SyntheticTraceSpec) -> RoutingTrace:
         source = np.maximum.accumulate(np.where(repeat, 0, steps[:, None]), axis=0)
         layer_routes = fresh[source, np.arange(spec.top_k)[None, :]]
         routes[:, index, :] = _make_distinct(layer_routes, fresh)
-    return RoutingTrace(spec.layers, spec.experts, spec.top_k, routes)
+    stationary = RoutingTrace(spec.layers, spec.experts, spec.top_k, routes)
+    return drift_trace(stationary, spec.shifts, spec.seed) if spec.shifts else stationary
 
 
 def _make_distinct(rows: NDArray[np.int64], fresh: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -358,10 +482,13 @@ __all__ = [
     "RoutingCounts",
     "RoutingTrace",
     "SyntheticTraceSpec",
+    "drift_trace",
     "parse_layers",
+    "parse_shifts",
     "read_counts",
     "read_routing_stats",
     "read_trace",
+    "shift_permutations",
     "synthesize_trace",
     "write_counts",
     "write_trace",

@@ -103,13 +103,15 @@ class _FakeChat:
     def __init__(self, script: AgentScript) -> None:
         self.expected = [step for task in script.tasks for step in task.steps]
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self.queries = 0.0
         self.hits = 0.0
         self._previous = ""
 
-    def stream(self, path: str, body: dict[str, Any]) -> StreamOutcome:
+    def stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> StreamOutcome:
         assert path == "/v1/chat/completions"
         self.bodies.append(copy.deepcopy(body))
+        self.headers.append(dict(headers or {}))
         prompt = json.dumps(body["messages"])
         shared = next(
             (i for i, (a, b) in enumerate(zip(prompt, self._previous, strict=False)) if a != b),
@@ -178,6 +180,12 @@ def test_sessions_grow_their_prefix_and_feed_back_the_scripted_results() -> None
     assert section.mean_decode_tok_s == pytest.approx(8 / 0.4)
     assert section.prefix_cache_hit_pct == pytest.approx(100 * fake.hits / fake.queries)
     assert 0 < section.prefix_cache_hit_pct < 100
+    # One stable X-Session-ID per conversation (a router's consistent_hash key), a different one per task.
+    keys = [h["X-Session-ID"] for h in fake.headers]
+    starts = [sum(len(t.steps) for t in script.tasks[:i]) for i in range(len(script.tasks))]
+    per_task = [keys[s : s + len(t.steps)] for s, t in zip(starts, script.tasks, strict=True)]
+    assert all(len(set(k)) == 1 for k in per_task) and len({k[0] for k in per_task}) == len(script.tasks)
+    assert [t.session_id for t in section.turns] == keys
 
 
 class _ChatHandler(QuietHandler):

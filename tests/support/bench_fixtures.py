@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -157,3 +158,148 @@ class VllmLikeHandler(QuietHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(data)
         self.wfile.flush()
+
+
+class VllmBackendHandler(VllmLikeHandler):
+    """One box of a fleet: VllmLikeHandler with counters of its own (make one class per box with
+    `vllm_backend()`), vLLM's request and prefix-cache counters under their real names
+    (`vllm:request_success_total{finished_reason=...}`, `vllm:prefix_cache_queries_total`,
+    `vllm:prefix_cache_hits_total`) and streamed chat turns answering with a `list_files` tool call. A prompt's
+    prefix-cache hits are the characters (tokens here) it shares with the longest matching earlier prompt on this
+    box, in blocks of 16, as vLLM's block-granular prefix cache counts them."""
+
+    seen: ClassVar[list[str]] = []
+
+    @classmethod
+    def reset(cls, *, burst: bool = False, token_gap_s: float = 0.001, api_key: str | None = None) -> None:
+        super().reset(burst=burst, token_gap_s=token_gap_s, api_key=api_key)
+        cls.lock = threading.Lock()
+        cls.seen = []
+        cls.counters.update(
+            {
+                'vllm:request_success_total{engine="0",finished_reason="length",model_name="stand-in"}': 0.0,
+                'vllm:request_success_total{engine="0",finished_reason="tool_calls",model_name="stand-in"}': 0.0,
+                'vllm:prefix_cache_queries_total{engine="0",model_name="stand-in"}': 0.0,
+                'vllm:prefix_cache_hits_total{engine="0",model_name="stand-in"}': 0.0,
+            }
+        )
+
+    @classmethod
+    def _count(cls, prompt: str, finished: str) -> None:
+        with cls.lock:
+            shared = max((_common_prefix(prompt, old) for old in cls.seen), default=0)
+            cls.seen.append(prompt)
+            c = cls.counters
+            c['vllm:prefix_cache_queries_total{engine="0",model_name="stand-in"}'] += len(prompt)
+            c['vllm:prefix_cache_hits_total{engine="0",model_name="stand-in"}'] += shared // 16 * 16
+            c[f'vllm:request_success_total{{engine="0",finished_reason="{finished}",model_name="stand-in"}}'] += 1
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(200, b"")
+        else:
+            super().do_GET()
+
+    def do_POST(self) -> None:
+        if self.path == "/v1/chat/completions":
+            if not self._authorized():
+                return
+            body = self._read_json()
+            prompt = json.dumps(body["messages"])
+            time.sleep(self.token_gap_s)
+            call = {"index": 0, "id": "c1", "function": {"name": "list_files", "arguments": '{"path": "."}'}}
+            events = [
+                {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+                {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": 12}},
+            ]
+            with self.lock:
+                self.counters["vllm:prompt_tokens_total"] += len(prompt)
+                self.counters["vllm:generation_tokens_total"] += 12
+            self._count(prompt, "tool_calls")
+            stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            self._send(200, stream.encode(), "text/event-stream")
+            return
+        if self.path == "/v1/completions":
+            # Counted before the stream's end, as vLLM counts a request finished before its last event is read.
+            length = int(self.headers.get("Content-Length", 0))
+            raw = self.rfile.read(length)
+            body = json.loads(raw or b"{}")
+            self._count("".join(chr(t % 1000 + 32) for t in body.get("prompt", [])), "length")
+            self.rfile = _Replay(raw)  # type: ignore[assignment]
+        super().do_POST()
+
+
+class _Replay:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, n: int = -1) -> bytes:
+        out, self.data = (self.data, b"") if n < 0 else (self.data[:n], self.data[n:])
+        return out
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def vllm_backend(name: str) -> type[VllmBackendHandler]:
+    """A box's handler class, with counters of its own (reset)."""
+    cls = type(f"Backend_{name}", (VllmBackendHandler,), {"counters": {}, "seen": []})
+    cls.reset()
+    return cls
+
+
+class StandInRouter(QuietHandler):
+    """vllm-router's `consistent_hash` in miniature: each POST goes to the backend picked by a stable hash of
+    its X-Session-ID header (every request without one to the same backend), streamed back as it arrives; GETs
+    (/v1/models) go to the first backend. The router has no /metrics of its own here (404), as on its port."""
+
+    backends: ClassVar[list[str]] = []
+    routed: ClassVar[list[tuple[str, str]]] = []
+
+    def _pick(self) -> str:
+        import zlib
+
+        key = self.headers.get("X-Session-ID", "")
+        return self.backends[zlib.crc32(key.encode()) % len(self.backends)]
+
+    def do_GET(self) -> None:
+        if self.path != "/v1/models":
+            self._json(404, {"error": {"message": "not here"}})
+            return
+        import httpx
+
+        response = httpx.get(self.backends[0] + self.path, timeout=10)
+        self._send(response.status_code, response.content)
+
+    def do_POST(self) -> None:
+        import httpx
+
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        target = self._pick()
+        type(self).routed.append((self.headers.get("X-Session-ID", ""), target))
+        headers = {"Content-Type": "application/json"}
+        if self.headers.get("Authorization"):
+            headers["Authorization"] = self.headers["Authorization"]
+        with httpx.stream("POST", target + self.path, content=raw, headers=headers, timeout=30) as response:
+            self.send_response(response.status_code)
+            self.send_header("Content-Type", response.headers.get("content-type", "application/json"))
+            self.end_headers()
+            for chunk in response.iter_raw():
+                self.wfile.write(chunk)
+                self.wfile.flush()
+
+
+@contextmanager
+def stand_in_fleet(boxes: int = 2) -> Iterator[tuple[str, list[str], list[type[VllmBackendHandler]]]]:
+    """`boxes` stand-in vLLM servers behind a stand-in router: yields (router URL, backend URLs, handlers)."""
+    handlers = [vllm_backend(chr(ord("a") + i)) for i in range(boxes)]
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(serve_http(h)) for h in handlers]
+        router = type("Router", (StandInRouter,), {"backends": urls, "routed": []})
+        yield stack.enter_context(serve_http(router)), urls, handlers

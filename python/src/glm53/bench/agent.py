@@ -16,13 +16,14 @@ import functools
 import json
 import secrets
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from glm53.bench.backends import FleetSplit
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory
@@ -33,6 +34,7 @@ from glm53.fsutil import read_json
 
 TASKS_SCHEMA: Literal["glm53.agent-tasks/1"] = "glm53.agent-tasks/1"
 TASKS_RESOURCE = "data/agent-tasks.json"
+SESSION_HEADER = "X-Session-ID"
 
 
 class ToolSpec(BaseModel):
@@ -171,6 +173,8 @@ class TurnRecord(BaseModel):
     decode_rejected: str | None = Field(
         None, description="why this turn's decode rate is left out of the session's (timing no engine produces)"
     )
+    session_id: str | None = Field(None, description="the X-Session-ID header sent: one per conversation")
+    backend: str | None = Field(None, description="the backend that served it (--backend), from its /metrics")
 
 
 class AgentSection(BaseModel):
@@ -188,10 +192,11 @@ class AgentSection(BaseModel):
     median_decode_tok_s: float | None = None
     model_tool_calls: int = 0
     complete: bool = Field(True, description="False in a report written while turns were still to come")
+    backends: FleetSplit | None = Field(None, description="per-backend split through a router (--backend)")
 
 
 class ChatStreamer(Protocol):
-    def stream(self, path: str, body: dict[str, Any]) -> StreamOutcome: ...
+    def stream(self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> StreamOutcome: ...
     def metrics_text(self) -> str | None: ...
 
 
@@ -226,6 +231,9 @@ def run_agent(
     start = snapshot(client)
     turns: list[TurnRecord] = []
     for task in script.tasks:
+        # One stable key per conversation: a router's consistent_hash keeps all its turns on the box that holds
+        # its prefix in cache (without the header every request hashes the same empty key).
+        session_id = f"glm53-bench-agent-{salt[:16]}-{task.name}"
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
             {"role": "user", "content": task.request},
@@ -245,9 +253,10 @@ def run_agent(
                 # text of a call back until it is complete: TTFT and decode speed are timed per token.
                 "return_token_ids": True,
             }
-            outcome = client.stream("/v1/chat/completions", body)
+            outcome = client.stream("/v1/chat/completions", body, headers={SESSION_HEADER: session_id})
             after = snapshot(client)
             record = _turn_record(task.name, number, step, outcome, diff_metrics(before, after))
+            record.session_id = session_id
             turns.append(record)
             if on_turn is not None:
                 on_turn(record)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -71,6 +71,9 @@ class BenchClient:
             )
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        # Where `metrics_text` reads the engine's counters: this server's /metrics, or (through a router, with
+        # --backend) the sum of the backends' (glm53.bench.backends).
+        self.metrics_source: Callable[[], str | None] | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # The read timeout bounds the silence between two chunks; a 260K prompt's prefill can be
         # several minutes of silence, hence the long default.
@@ -131,6 +134,8 @@ class BenchClient:
     def metrics_text(self) -> str | None:
         """The Prometheus exposition of `/metrics`, or None when the server does not offer it (or answers
         something unreadable or huge)."""
+        if self.metrics_source is not None:
+            return self.metrics_source()
         try:
             status, raw = self._request("GET", "/metrics")
         except (httpx.HTTPError, _TooLarge):
@@ -139,10 +144,11 @@ class BenchClient:
 
     # -- streamed generation --------------------------------------------------------------------------------
 
-    def stream(self, path: str, body: dict[str, Any]) -> StreamOutcome:
-        """POST `body` with streaming on and time every event; never raises for server behaviour."""
+    def stream(self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> StreamOutcome:
+        """POST `body` with streaming on and time every event; never raises for server behaviour. `headers` are
+        sent besides (the X-Session-ID a router keys its sticky sessions on)."""
         content = json.dumps({**body, "stream": True}, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        headers = {**(headers or {}), "Content-Type": "application/json", "Accept": "text/event-stream"}
         parser = SSEParser(max_event_bytes=MAX_EVENT_BYTES)
         events = StreamAccumulator(max_token_events=_token_event_limit(body))
         status: int | None = None

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.bench.agent import AgentSection, TurnRecord
+from glm53.bench.backends import FleetSplit
 from glm53.bench.coherence import CoherenceResult, CoherenceSection
 from glm53.bench.compare import Comparison, ComparisonRow
 from glm53.bench.gates import GateResult
@@ -78,6 +79,58 @@ def run_tables(console: Console, run: RunSection) -> None:
         title=f"best of {run.runs_per_shape} per shape (median of the valid runs); rejected: implausible timing"
         + ("" if run.complete else " [incomplete]"),
     )
+    if run.backends is not None:
+        backends_table(console, run.backends)
+
+
+def backends_table(console: Console, split: FleetSplit) -> None:
+    """The per-backend split of a bench through a router, from each backend's own /metrics."""
+    sessions = split.sessions > 0
+    columns = ["backend", "requests", "share %", "served", "prompt tokens", "generated", "cache hits/queries", "hit %"]
+    rows = []
+    for b in split.backends:
+        row = [
+            b.url,
+            _num(b.requests, 0),
+            _num(b.requests_pct),
+            str(b.served),
+            _num(b.prompt_tokens, 0),
+            _num(b.generation_tokens, 0),
+            f"{_num(b.prefix_cache_hits, 0)}/{_num(b.prefix_cache_queries, 0)}",
+            _num(b.prefix_cache_hit_pct),
+        ]
+        if sessions:
+            row.append(str(b.sessions))
+        if b.error:
+            row[0] += f" [red]({_clip(b.error, 40)})[/red]"
+        rows.append(row)
+    rows.append(
+        [
+            "all backends",
+            _num(split.requests, 0),
+            "100.0" if split.requests else "-",
+            str(sum(b.served for b in split.backends)) + (f" (+{split.unattributed} ?)" if split.unattributed else ""),
+            _num(_sum(b.prompt_tokens for b in split.backends), 0),
+            _num(_sum(b.generation_tokens for b in split.backends), 0),
+            "",
+            _num(split.prefix_cache_hit_pct),
+        ]
+        + ([f"{split.sessions_on_one_backend}/{split.sessions} on one box"] if sessions else [])
+    )
+    if sessions:
+        columns.append("sessions")
+    _print_table(
+        console,
+        columns,
+        rows,
+        title="per-backend split (each backend's own /metrics: requests finished, tokens, prefix cache; "
+        "served = this bench's requests attributed one by one)",
+    )
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    items = list(values)
+    return None if not items or any(v is None for v in items) else sum(v for v in items if v is not None)
 
 
 def _with_median(best: float | None, median: float | None, digits: int = 1) -> str:
@@ -163,6 +216,8 @@ def agent_tables(console: Console, agent: AgentSection) -> None:
         ),
         title="agent session",
     )
+    if agent.backends is not None:
+        backends_table(console, agent.backends)
 
 
 def run_line(record: RunRecord) -> str:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import secrets
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from glm53.bench.backends import FleetSplit
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory, PromptStyle
@@ -29,6 +30,9 @@ DEFAULT_SHAPES = "8192:2048,131072:2048,260096:2048"
 # No served model has a context of ten million tokens; a larger count is a typo that would only fill memory
 # building the prompt (when the server does not say its max_model_len).
 MAX_TOKENS_PER_REQUEST = 10_000_000
+# The header vLLM's router keys `consistent_hash` on: a bench request names its conversation, so that a router
+# keeps a conversation on one box (and, in `bench run`, spreads independent runs over the boxes).
+SESSION_HEADER = "X-Session-ID"
 
 
 class Shape(BaseModel):
@@ -90,6 +94,8 @@ class RunRecord(BaseModel):
     server_decode_tok_s: float | None = Field(
         None, description="the engine's own decode rate for this request, from /metrics, when it tells"
     )
+    session_id: str | None = Field(None, description=f"the {SESSION_HEADER} header sent (a router's key)")
+    backend: str | None = Field(None, description="the backend that served it (--backend), from its /metrics")
 
 
 class BestOf(BaseModel):
@@ -118,10 +124,11 @@ class RunSection(BaseModel):
     runs_per_shape: int
     shapes: list[ShapeResult]
     complete: bool = Field(True, description="False in a report written while runs were still to come")
+    backends: FleetSplit | None = Field(None, description="per-backend split through a router (--backend)")
 
 
 class Streamer(Protocol):
-    def stream(self, path: str, body: dict[str, Any]) -> StreamOutcome: ...
+    def stream(self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> StreamOutcome: ...
     def metrics_text(self) -> str | None: ...
 
 
@@ -210,9 +217,14 @@ def check_fits(shapes: Sequence[Shape], max_model_len: int | None, *, flag: str 
 
 def run_one(client: Streamer, model: str, prompt: list[int], shape: Shape, run: int) -> RunRecord:
     salt = secrets.token_hex(16)
+    session_id = f"glm53-bench-run-{salt[:16]}"
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     before = snapshot(client)
-    outcome = client.stream("/v1/completions", completion_body(model, prompt, shape.output_tokens, salt))
+    outcome = client.stream(
+        "/v1/completions",
+        completion_body(model, prompt, shape.output_tokens, salt),
+        headers={SESSION_HEADER: session_id},
+    )
     after = snapshot(client)
     metrics = diff_metrics(before, after)
     valid, reason = judge_run(outcome, shape, metrics)
@@ -234,6 +246,7 @@ def run_one(client: Streamer, model: str, prompt: list[int], shape: Shape, run: 
         invalid_reason=reason,
         metrics=metrics,
         server_decode_tok_s=server_decode_rate(outcome, metrics),
+        session_id=session_id,
         **measure(outcome),
     )
 

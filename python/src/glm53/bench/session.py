@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from glm53.bench.backends import BackendMetrics, SplitTracker
 from glm53.bench.client import BenchClient, ServerInfo
 from glm53.bench.gates import GateResult
 from glm53.bench.report import (
@@ -39,6 +40,7 @@ class Target:
     serve_profile: str | None
     env_file: Path | None
     out_dir: Path
+    backends: tuple[str, ...] = ()  # the servers behind a router at base_url (--backend), checked URLs
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Session:
     client: BenchClient
     server: ServerInfo
     environment: Environment
+    tracker: SplitTracker | None = None  # the per-backend split, when --backend lists the router's backends
 
 
 @contextmanager
@@ -56,7 +59,18 @@ def measuring(target: Target) -> Iterator[Session]:
     with client:
         # Before measuring, so that a bad --serve-profile, --env-file or --out fails in seconds, not after
         # an hour of measurement.
-        yield Session(client, server, _environment(server, target))
+        environment = _environment(server, target)
+        if not target.backends:
+            yield Session(client, server, environment)
+            return
+        source = BackendMetrics(target.backends, api_key=target.api_key, timeout_s=min(target.timeout_s, 30.0))
+        try:
+            source.check()  # every backend's counters readable, or exit 3 before anything is measured
+            # The engine's counters of a request are the backends' (the router has none of its own).
+            client.metrics_source = source.metrics_text
+            yield Session(client, server, environment, SplitTracker(source))
+        finally:
+            source.close()
 
 
 def _connect(target: Target) -> tuple[BenchClient, ServerInfo]:

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from glm53.cli.options import (
+    BackendOpt,
     BaseUrlOpt,
     BenchApiKeyFileOpt,
     BenchApiKeyOpt,
@@ -28,6 +29,7 @@ from glm53.cli.options import (
 from glm53.output import Output
 
 if TYPE_CHECKING:
+    from glm53.bench.backends import SplitTracker
     from glm53.bench.gates import GateResult
 
 bench_app = typer.Typer(
@@ -37,6 +39,20 @@ bench_app = typer.Typer(
 
 DEFAULT_OUT = Path("glm53-bench")
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _attributed(
+    tracker: SplitTracker | None, show: Callable[[Any], None], key: Callable[[Any], str | None] | None = None
+) -> Callable[[Any], None]:
+    """A per-request callback that first names the backend that served the request (with --backend: from the
+    counters its own after-snapshot read), then shows its line."""
+
+    def on(record: Any) -> None:
+        if tracker is not None:
+            record.backend = tracker.observe(key(record) if key is not None else None)
+        show(record)
+
+    return on
 
 
 def _finish(
@@ -79,6 +95,7 @@ def run_cmd(
         str | None, typer.Option("--fail-over", help="Maximums, e.g. ttft=10 (seconds, every shape).")
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write TTFT and decode PNGs.")] = True,
+    backends: BackendOpt = None,
     timeout: RequestTimeoutOpt = 1800.0,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
@@ -89,7 +106,9 @@ def run_cmd(
     """Throughput: TTFT, prefill and decode tok/s per shape, best of N, exact-length token-id prompts.
 
     Example: glm53 bench run --base-url http://127.0.0.1:8000 --fail-under decode=45
+             glm53 bench run --base-url http://router:8100 --backend http://10.0.0.11:8000 --backend http://10.0.0.12:8000
     """
+    from glm53.bench.backends import parse_backends
     from glm53.bench.gates import parse_limits
     from glm53.bench.plots import write_report_plots
     from glm53.bench.prompts import PromptFactory, parse_style
@@ -108,6 +127,7 @@ def run_cmd(
 
     prompt_style = parse_style(style)
     parsed = parse_shapes(shapes)
+    behind = tuple(parse_backends(backends))
     under, over = parse_limits(fail_under, RUN_FAIL_UNDER, fail_over, RUN_FAIL_OVER)
     out = Output(json_mode=json_out)
     target = Target(
@@ -118,9 +138,13 @@ def run_cmd(
         serve_profile=serve_profile,
         env_file=env_file,
         out_dir=out_dir,
+        backends=behind,
     )
     with measuring(target) as session:
         check_fits(parsed, session.server.max_model_len)
+        tracker = session.tracker
+        if tracker is not None:
+            tracker.start()
         served = session.server.model
         out.info(f"benchmarking {served} at {session.server.base_url}: {len(parsed)} shapes x {runs} runs")
         with out.progress("requests", total=len(parsed) * runs) as bar:
@@ -131,9 +155,11 @@ def run_cmd(
                 parsed,
                 runs=runs,
                 style=prompt_style,
-                on_run=lambda record: bar.step(run_line(record)),
+                on_run=_attributed(tracker, lambda record: bar.step(run_line(record))),
                 on_section=checkpointer(out_dir, session.environment, "run", out.warn),
             )
+        if tracker is not None:
+            section = section.model_copy(update={"backends": tracker.finish()})
     gates = run_gates(section, under, over)
     path = write_section(out_dir, session.environment, run=section, gates={"run": gates})
     written = write_report_plots(section, out_dir, warn=out.warn) if plots else []
@@ -294,6 +320,7 @@ def agent_cmd(
     fail_over: Annotated[
         str | None, typer.Option("--fail-over", help="Maximums, e.g. turn-latency=10 (seconds).")
     ] = None,
+    backends: BackendOpt = None,
     timeout: RequestTimeoutOpt = 1800.0,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
@@ -303,7 +330,11 @@ def agent_cmd(
 ) -> None:
     """Agent turns: scripted multi-turn tool use; prefix-cache hit %, tool-call turn latency, decode tok/s.
 
+    Each conversation sends one stable X-Session-ID header, so a router's consistent_hash keeps its turns on
+    one backend; --backend (repeatable) adds the per-backend split from the backends' own /metrics.
+
     Example: glm53 bench agent --fail-under cache-hit=60
+             glm53 bench agent --base-url http://router:8100 --backend http://10.0.0.11:8000 --backend http://10.0.0.12:8000
     """
     from glm53.bench.agent import (
         AGENT_FAIL_OVER,
@@ -314,6 +345,7 @@ def agent_cmd(
         require_completed_turns,
         run_agent,
     )
+    from glm53.bench.backends import parse_backends
     from glm53.bench.gates import parse_limits
     from glm53.bench.prompts import PromptFactory
     from glm53.bench.render import agent_tables, turn_line
@@ -322,6 +354,7 @@ def agent_cmd(
 
     script = load_script().first(tasks)
     under, over = parse_limits(fail_under, AGENT_FAIL_UNDER, fail_over, AGENT_FAIL_OVER)
+    behind = tuple(parse_backends(backends))
     out = Output(json_mode=json_out)
     target = Target(
         base_url=base_url,
@@ -331,9 +364,13 @@ def agent_cmd(
         serve_profile=serve_profile,
         env_file=env_file,
         out_dir=out_dir,
+        backends=behind,
     )
     with measuring(target) as session:
         check_fits(system_tokens, max_tokens, session.server.max_model_len)
+        tracker = session.tracker
+        if tracker is not None:
+            tracker.start()
         with out.progress("turns", total=script.turns) as bar:
             section = run_agent(
                 session.client,
@@ -342,9 +379,11 @@ def agent_cmd(
                 script=script,
                 system_tokens=system_tokens,
                 max_tokens=max_tokens,
-                on_turn=lambda turn: bar.step(turn_line(turn)),
+                on_turn=_attributed(tracker, lambda turn: bar.step(turn_line(turn)), key=lambda turn: turn.session_id),
                 on_section=checkpointer(out_dir, session.environment, "agent", out.warn),
             )
+        if tracker is not None:
+            section = section.model_copy(update={"backends": tracker.finish()})
     gates = agent_gates(section, under, over)
     path = write_section(out_dir, session.environment, agent=section, gates={"agent": gates})
     payload = {"summary": str(path), "agent": section.model_dump(mode="json")}

@@ -36,6 +36,7 @@ def _register() -> None:
         "repro",
         "systemd",
         "router",
+        "fleet",
     ):
         try:
             module = __import__(f"glm53.cli.{optional}", fromlist=["register"])

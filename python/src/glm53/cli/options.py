@@ -74,6 +74,16 @@ ServedEnvFileOpt = Annotated[
     Path | None,
     typer.Option("--env-file", help="The .env file the server was started with (recorded in the plan)."),
 ]
+BackendOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--backend",
+        metavar="URL",
+        help="A server behind the router at --base-url (repeatable): the report adds each one's share of the "
+        "requests and tokens and its prefix-cache hit rate, from its own /metrics.",
+        show_default=False,
+    ),
+]
 ReportOnlyOpt = Annotated[bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")]
 
 # `glm53 systemd-unit`: the glm53 command the unit runs, and where the unit is written.

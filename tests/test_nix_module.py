@@ -8,64 +8,26 @@ nix-community/nixpkgs.lib at the pinned branch (a folder with lib/ in it). Witho
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.nixenv import NIX_ENV
+from tests.support.nixeval import GLM53_PREFIX, ROOT, SERVER, needs_nixpkgs_lib
 
-ROOT = Path(__file__).resolve().parents[1]
-HARNESS = ROOT / "tests" / "fixtures" / "nix" / "eval-module.nix"
-NIXPKGS_LIB = os.environ.get("NIXPKGS_LIB", "")
-GLM53_PREFIX = Path(sys.executable).parent.parent  # the venv: its bin/glm53 is the real CLI
-
-pytestmark = [
-    pytest.mark.nix,
-    pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (.ci/run installs nix-bin)"),
-    pytest.mark.skipif(
-        not (NIXPKGS_LIB and (Path(NIXPKGS_LIB) / "lib" / "default.nix").is_file()),
-        reason="NIXPKGS_LIB is unset: point it at a nix-community/nixpkgs.lib checkout to evaluate the module",
-    ),
-]
+pytestmark = needs_nixpkgs_lib
 
 README_CONFIG = 'enable = true; modelDir = "/srv/models/glm53"; settings.MAX_MODEL_LEN = 131072;'
 
 
-def _expr(config: str, host: str | None = None) -> str:
-    return (
-        f"import {HARNESS} {{ nixpkgsLib = {Path(NIXPKGS_LIB).resolve()}; "
-        f'glm53Prefix = "{GLM53_PREFIX}"; config = {{ {config} }}; '
-        + (f"host = {{ {host} }}; " if host is not None else "")
-        + "}"
-    )
-
-
 def evaluate(config: str, host: str | None = None) -> subprocess.CompletedProcess[str]:
-    expr = f"let r = {_expr(config, host)}; in {{ inherit (r) failedAssertions ports service; }}"
-    return subprocess.run(
-        ["nix", "eval", "--json", "--impure", "--expr", expr],
-        cwd=ROOT,
-        env=NIX_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return SERVER.evaluate(config, host)
 
 
 def build_check(config: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["nix-build", "--no-out-link", "-E", _expr(config), "-A", "check"],
-        cwd=ROOT,
-        env=NIX_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return SERVER.build_check(config)
 
 
 def test_the_readme_configuration_renders_the_unit_exactly() -> None:

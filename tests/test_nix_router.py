@@ -6,67 +6,23 @@ and the build-time check (`glm53 router --dry-run` on the rendered fleet) built 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.support.nixeval import GLM53_PREFIX, ROOT, ROUTER, needs_nixpkgs_lib
 
-from tests.support.nixenv import NIX_ENV
-
-ROOT = Path(__file__).resolve().parents[1]
-HARNESS = ROOT / "tests" / "fixtures" / "router" / "eval-router.nix"
-NIXPKGS_LIB = os.environ.get("NIXPKGS_LIB", "")
-GLM53_PREFIX = Path(sys.executable).parent.parent
-
-pytestmark = [
-    pytest.mark.nix,
-    pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (.ci/run installs nix-bin)"),
-    pytest.mark.skipif(
-        not (NIXPKGS_LIB and (Path(NIXPKGS_LIB) / "lib" / "default.nix").is_file()),
-        reason="NIXPKGS_LIB is unset: point it at a nix-community/nixpkgs.lib checkout to evaluate the module",
-    ),
-]
+pytestmark = needs_nixpkgs_lib
 
 CONFIG = 'enable = true; backends = [ "http://10.0.0.11:8000" "http://10.0.0.12:8000" ];'
 
 
-def _glm53_has_router() -> bool:
-    result = subprocess.run([str(GLM53_PREFIX / "bin" / "glm53"), "--help"], capture_output=True, text=True)
-    return " router " in result.stdout or "│ router" in result.stdout
-
-
-def _expr(config: str) -> str:
-    return (
-        f"import {HARNESS} {{ nixpkgsLib = {Path(NIXPKGS_LIB).resolve()}; "
-        f'glm53Prefix = "{GLM53_PREFIX}"; config = {{ {config} }}; }}'
-    )
-
-
 def evaluate(config: str) -> subprocess.CompletedProcess[str]:
-    expr = f"let r = {_expr(config)}; in {{ inherit (r) failedAssertions ports service; }}"
-    return subprocess.run(
-        ["nix", "eval", "--json", "--impure", "--expr", expr],
-        cwd=ROOT,
-        env=NIX_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return ROUTER.evaluate(config)
 
 
 def build_check(config: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["nix-build", "--no-out-link", "-E", _expr(config), "-A", "check"],
-        cwd=ROOT,
-        env=NIX_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return ROUTER.build_check(config)
 
 
 def test_the_unit_runs_glm53_router_under_the_shared_hardening() -> None:
@@ -111,7 +67,6 @@ def test_an_unknown_policy_fails_evaluation() -> None:
     assert result.returncode != 0 and "policy" in result.stderr
 
 
-@pytest.mark.skipif(not _glm53_has_router(), reason="cli/main.py does not register `glm53 router` yet")
 def test_the_build_time_check_runs_glm53_router() -> None:
     built = build_check(CONFIG + " settings.limits.queue_size = 16;")
     assert built.returncode == 0, built.stderr

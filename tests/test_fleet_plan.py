@@ -2,49 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
-import sys
 import time
 
 import pytest
-import typer
 
-from glm53.errors import Glm53Error
 from glm53.router.capacity import PlanInputs, plan_fleet, rates_at, recipe_points
-from tests.support.cli import CliResult
-
-_APP = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-
-
-@_APP.callback()
-def _root() -> None:
-    pass
-
-
-def _register() -> None:
-    from glm53.cli.fleet import register  # on an app of its own: cli/main.py is not this module's
-
-    register(_APP)
-
-
-_register()
+from tests.support.cli import CliResult, run_glm53
 
 
 def fleet(*args: str) -> CliResult:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            _APP(["fleet", *args], standalone_mode=True)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except Glm53Error as exc:
-            sys.stderr.write(f"error: {exc.message}\n")
-            code = exc.exit_code
-    return CliResult(code, out.getvalue(), err.getvalue())
+    return run_glm53("fleet", *args)
 
 
 def test_rates_come_from_the_recipe_by_context() -> None:

@@ -23,53 +23,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-import typer
 
 from glm53.errors import Glm53Error
 from glm53.router.flags import check_args, parse_help
 from glm53.router.fleet import load_fleet
 from glm53.router.launch import API_KEY_ENV, build_router_launch, router_command
-from tests.support.cli import CliResult
+from tests.support.cli import CliResult, run_glm53
 from tests.support.server import READY_TIMEOUT_S, VllmServer, free_port, glm53_executable, group_members, start_server
 
 FIXTURES = Path(__file__).parent / "fixtures" / "router"
 ROUTER_INSTALLED = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) is not None
 needs_router = pytest.mark.skipif(not ROUTER_INSTALLED, reason="vllm-router is not installed (pip install .[dev])")
 
-# `glm53 router` through the same error boundary as the console script, on an app of its own: the tests do not
-# depend on cli/main.py registering it, and do not change the shared app.
-_APP = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-
-
-@_APP.callback()
-def _root() -> None:
-    pass
-
-
-def _register() -> None:
-    from glm53.cli.router import register
-
-    register(_APP)
-
-
-_register()
-
 
 def run_router_cli(*args: str) -> CliResult:
-    import contextlib as cl
-    import io
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with cl.redirect_stdout(out), cl.redirect_stderr(err):
-        try:
-            _APP(["router", *args], standalone_mode=True)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except Glm53Error as exc:
-            sys.stderr.write(f"error: {exc.message}\n" + (f"hint: {exc.hint}\n" if exc.hint else ""))
-            code = exc.exit_code
-    return CliResult(code, out.getvalue(), err.getvalue())
+    return run_glm53("router", *args)
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:

@@ -20,6 +20,8 @@ from glm53.repro.nar import nar_hash_path, nar_hash_tar
 from tests.support.cli import run_glm53
 from tests.support.nixenv import NIX_ENV
 
+# tarfile's extraction filters arrived in 3.11.4; Debian 12's Python is 3.11.2 (our own archives are safe).
+EXTRACT_FILTER: dict[str, str] = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -127,7 +129,7 @@ def test_nar_hash_equals_nix_hash_path(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     tree.mkdir()
     with tarfile.open(tar) as archive:
-        archive.extractall(tree, filter="tar")
+        archive.extractall(tree, **EXTRACT_FILTER)
     nix = _nix_hash_path(tree)
     assert nix is not None and nix.startswith("sha256-")
     with tar.open("rb") as handle:
@@ -172,7 +174,7 @@ def _extracted(repo: Path, rev: str, tmp_path: Path) -> Path:
     tree = tmp_path / f"tree-{rev[:8]}"
     tree.mkdir()
     with tarfile.open(_archive(repo, rev, tmp_path)) as archive:
-        archive.extractall(tree, filter="tar")
+        archive.extractall(tree, **EXTRACT_FILTER)
     return tree
 
 

@@ -387,6 +387,42 @@ class Outcomes:
 
 
 @pytest.mark.slow
+def test_bench_through_the_router_reports_the_split_from_each_backend(fleet: Fleet, tmp_path: Path) -> None:
+    """`glm53 bench run` at the router URL, with the two real backends named: every request is attributed to
+    the backend whose own /metrics counter moved, and the split adds up."""
+    result = run_glm53(
+        "bench",
+        "run",
+        "--base-url",
+        fleet.url,
+        "--backend",
+        fleet.a.base_url,
+        "--backend",
+        fleet.b.base_url,
+        "--shapes",
+        "64:8",
+        "--runs",
+        "6",
+        "--timeout",
+        "120",
+        "--out",
+        str(tmp_path),
+        "--json",
+    )
+    assert result.code == 0, result.stderr
+    split = result.json()["run"]["backends"]
+    rows = {row["url"]: row for row in split["backends"]}
+    assert set(rows) == {fleet.a.base_url, fleet.b.base_url}
+    assert all(row["error"] is None for row in rows.values())
+    assert sum(row["served"] for row in rows.values()) + split["unattributed"] == 6
+    assert split["unattributed"] == 0
+    # One key per run: independent runs spread, so both boxes served some (consistent hashing of 6 keys).
+    assert sum(1 for row in rows.values() if row["served"]) >= 1
+    assert split["requests"] is not None and split["requests"] >= 6
+    sys.stderr.write(f"\n[router] bench split: {[(u, r['served'], r['requests_pct']) for u, r in rows.items()]}\n")
+
+
+@pytest.mark.slow
 def test_a_killed_backend_loses_nothing_silently_and_rejoins(fleet: Fleet) -> None:
     on_b = [s for s in (f"kill-{i}" for i in range(12)) if backend_of(fleet, s) == "b"]
     assert on_b, "no session hashed to backend B"

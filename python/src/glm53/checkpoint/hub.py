@@ -20,6 +20,7 @@ way that leads elsewhere is refused before anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -303,11 +304,17 @@ class _Fetcher:
         ]
         for thread in threads:
             thread.start()
+        finished: list[BaseException | None] = []
         try:
-            failures = [e for e in (done.get() for _ in threads) if e is not None]
+            while len(finished) < len(threads):
+                # A short timeout, not a blocking get(): the main thread comes back to Python between waits, so
+                # Ctrl-C is handled at once on every Python (a blocked lock wait is not interrupted everywhere).
+                with contextlib.suppress(queue.Empty):
+                    finished.append(done.get(timeout=0.2))
         except BaseException:
             self.stop.set()
             raise
+        failures = [e for e in finished if e is not None]
         if failures:
             raise next((e for e in failures if not isinstance(e, _Stopped)), failures[0])
 

@@ -178,7 +178,12 @@ def test_an_interrupted_download_continues_from_the_bytes_on_disk(
     code = "import sys; from glm53.cli.main import main; sys.argv[0] = 'glm53'; main()"
     with open(tmp_path / "first.log", "wb") as log:
         first = subprocess.Popen(
-            [sys.executable, "-c", code, *download_args(target), "--json"], stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-c", code, *download_args(target), "--json"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # A shell that starts a job in the background has it ignore SIGINT, and Python then installs no
+            # Ctrl-C handler: give the download the default disposition a terminal user's command has.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             wait_for(hub.stalled.is_set, "the transfer to stall")

@@ -513,11 +513,16 @@ def test_a_killed_backend_loses_nothing_silently_and_rejoins(fleet: Fleet) -> No
     # a clean 5xx with the router's message, never silently.
     assert all(f.startswith("5") and "Request failed" in f for f in outcomes.failed), outcomes.failed
     assert len(outcomes.failed) <= 2, outcomes.failed
-    # The stream cut mid-way: the client got part of the answer and then the stream ended, without [DONE] and
-    # without a finish_reason, promptly (no hang): it knows the answer is incomplete and must retry itself.
+    # What a client of a streamed answer sees when the box serving it dies: the stream ends with a transport
+    # error, without [DONE] and without a finish_reason, promptly (no hang), so it knows the answer is
+    # incomplete and must ask again (a retry cannot replay half a stream). Under CI load the router may have
+    # taken B out for a slow health check and placed this stream on A: then it completes whole. Either way
+    # the client can tell: never a stream that ends cleanly without its finish_reason.
     assert stream_seen["status"] == 200
-    assert not stream_seen["done"] and stream_seen["finish"] is None
-    assert str(stream_seen["ending"]) != "stream closed", stream_seen  # it ended with a transport error
+    if stream_seen["ending"] == "stream closed":
+        assert stream_seen["done"] and stream_seen["finish"] in ("length", "stop"), stream_seen
+    else:
+        assert not stream_seen["done"] and stream_seen["finish"] is None, stream_seen
     assert float(stream_seen["seconds"]) < 60  # type: ignore[arg-type]
 
     # After the kill, B's sessions are served by A.

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import BadInput, Unavailable
+from glm53.host.facts import read_host_facts
+from glm53.host.gpus import read_gpus
 from glm53.plan.env import env_lines, parse_capacity_plan, plan_serving_env
-from glm53.plan.planner import detect_gpus
+from glm53.plan.planner import GpuSpec, gpu_spec
 from glm53.serve.profiles import load_profile
 from tests.support.fake_nvml import FakeNvml, two_3090s
 
@@ -29,8 +31,16 @@ def test_env_lines_quote_for_the_shell() -> None:
     assert env_lines({"A": "1", "B": "2-7;10-15"}) == "A=1\nB='2-7;10-15'\n"
 
 
+def _gpus_from(nvml: FakeNvml) -> list[GpuSpec]:
+    """The planner's GPUs as it reads them: NVML through the host facts."""
+    facts = read_host_facts(
+        HOSTS / "threadripper-5975wx-cgv2", gpu_reader=lambda: read_gpus(nvml), engine_libraries=None
+    )
+    return [gpu_spec(gpu) for gpu in facts.gpus]
+
+
 def test_profile_on_the_recipe_host_through_nvml() -> None:
-    gpus = detect_gpus(two_3090s())
+    gpus = _gpus_from(two_3090s())
     assert [g.total_bytes for g in gpus] == [24576 << 20, 24576 << 20]
     assert gpus[0].used_bytes == 300 << 20
     env, cpus = plan_serving_env(load_profile("agent-256k"), gpus=gpus, root=HOSTS / "threadripper-5975wx-cgv2")
@@ -41,7 +51,7 @@ def test_profile_on_the_recipe_host_through_nvml() -> None:
 
 
 def test_no_gpu_asks_for_flags() -> None:
-    assert detect_gpus(FakeNvml(init_error="Driver Not Loaded")) == []
+    assert _gpus_from(FakeNvml(init_error="Driver Not Loaded")) == []
     with pytest.raises(Unavailable, match="no NVIDIA GPU") as info:
         plan_serving_env(load_profile("agent-256k"), gpus=[], root=HOSTS / "threadripper-5975wx-cgv2")
     assert info.value.hint is not None and "--gpu-memory" in info.value.hint

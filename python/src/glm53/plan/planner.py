@@ -394,16 +394,6 @@ def gpu_spec(gpu: GpuInfo, root: Path | None = None) -> GpuSpec:
     )
 
 
-def detect_gpus(nvml: object | None = None) -> list[GpuSpec]:
-    """GPUs from NVML (glm53.host.gpus); [] when there is no driver or device, so callers ask for flags."""
-    from glm53.host.gpus import NoGpu, read_gpus
-
-    try:
-        return [gpu_spec(gpu) for gpu in read_gpus(nvml)]
-    except NoGpu:
-        return []
-
-
 def shape_from_profile(profile: object) -> ServingShape:
     """A ServingShape from a glm53.serve.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
 
@@ -493,7 +483,6 @@ __all__ = [
     "Plan",
     "ServingShape",
     "build_plan",
-    "detect_gpus",
     "host_budget",
     "plan_for_host",
     "shape_from_profile",

@@ -266,11 +266,39 @@ def test_a_bursting_stream_is_rejected_with_its_reason(bursting: str, tmp_path: 
     result = _run(bursting, tmp_path)
     assert result.code == 1 and "no valid run for 64:64" in result.stderr
     shape = result.json()["run"]["shapes"][0]
-    assert shape["best"]["decode_tok_s"] is None and shape["best"]["rejected_runs"] == 3
+    # 3 runs and the default 2 repeats in place of rejected ones: five streams, every one held back.
+    assert [run["run"] for run in shape["runs"]] == [1, 2, 3, 4, 5]
+    assert shape["best"]["decode_tok_s"] is None and shape["best"]["rejected_runs"] == 5
     for run in shape["runs"]:
         assert not run["valid"] and run["invalid_reason"].startswith("implausible timing"), run["invalid_reason"]
         assert run["decode_tok_s"] > 20_000, "the burst's rate is kept, for the record"
     assert "implausible timing" in result.stderr
+
+
+def test_a_run_rejected_for_its_timing_is_measured_again(tmp_path: Path) -> None:
+    VllmLikeHandler.reset(burst_first=1, token_gap_s=0.003)
+    with serve_http(VllmLikeHandler) as url:
+        result = _run(url, tmp_path)
+    assert result.code == 0, result.stderr
+    shape = result.json()["run"]["shapes"][0]
+    assert [(run["run"], run["valid"]) for run in shape["runs"]] == [(1, False), (2, True), (3, True), (4, True)]
+    assert shape["runs"][0]["invalid_reason"].startswith("implausible timing")
+    assert shape["best"]["valid_runs"] == 3 and shape["best"]["rejected_runs"] == 1
+    assert VllmLikeHandler.streams == 4
+
+
+def test_retries_are_bounded_and_other_failures_are_not_repeated(tmp_path: Path) -> None:
+    VllmLikeHandler.reset(burst_first=2, token_gap_s=0.003)
+    with serve_http(VllmLikeHandler) as url:
+        none = run_glm53(
+            "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "1", "--retries", "1",
+            "--no-plots", "--out", str(tmp_path), "--json",
+        )  # fmt: skip
+    assert none.code == 1 and "no valid run for 64:64" in none.stderr
+    assert [run["valid"] for run in none.json()["run"]["shapes"][0]["runs"]] == [False, False]
+    assert VllmLikeHandler.streams == 2
+    negative = run_glm53("bench", "run", "--base-url", url, "--retries", "-1")
+    assert negative.code == 2 and "--retries" in negative.stderr
 
 
 def _outcome(tokens: int, ttft: float, end: float, times: list[float]) -> StreamOutcome:

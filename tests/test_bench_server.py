@@ -50,9 +50,13 @@ def test_run_measures_valid_runs_and_writes_the_report(vllm_server: Any, tmp_pat
         "384:24",
     ]
     for shape in summary.run.shapes:
-        assert len(shape.runs) == 2 and shape.best.valid_runs == 2
+        assert shape.best.valid_runs == 2
+        # On a busy host a stream can reach the client in a burst: such a run is rejected and measured again.
+        rejected = [run for run in shape.runs if not run.valid]
+        assert len(rejected) == shape.best.rejected_runs, [run.invalid_reason for run in rejected]
         for run in shape.runs:
-            assert run.valid, run.invalid_reason
+            if not run.valid:
+                continue
             assert (run.prompt_tokens, run.completion_tokens) == (
                 shape.prompt_tokens,
                 shape.output_tokens,
@@ -66,7 +70,7 @@ def test_run_measures_valid_runs_and_writes_the_report(vllm_server: Any, tmp_pat
             assert run.metrics.prompt_tokens == shape.prompt_tokens
             # A fresh cache salt per request: the second run of the same prompt must not hit the cache.
             assert run.metrics.prefix_cache_hits == 0
-        assert shape.best.decode_tok_s == max(r.decode_tok_s for r in shape.runs if r.decode_tok_s)
+        assert shape.best.decode_tok_s == max(r.decode_tok_s for r in shape.runs if r.valid and r.decode_tok_s)
     assert [g["passed"] for g in payload["gates"]] == [True, True]
     env = summary.environment
     assert env.server is not None and env.server.model == vllm_server.model_name
@@ -96,7 +100,7 @@ def test_fail_under_is_a_gate_and_bad_flags_exit_2(vllm_server: Any, tmp_path: P
     assert failing.code == 1
     assert "gates failed: decode (64:8)" in failing.stderr
     summary = load_summary(tmp_path)
-    assert summary.run is not None and summary.run.shapes[0].runs[0].valid, "the report is written before the exit"
+    assert summary.run is not None and summary.run.shapes[0].best.valid_runs == 1, "written before the exit"
     assert [g.passed for g in summary.gates["run"]] == [False]
 
     unknown = run_glm53("bench", "run", "--base-url", vllm_server.base_url, "--fail-under", "speed=3")

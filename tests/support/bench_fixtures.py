@@ -79,19 +79,30 @@ class VllmLikeHandler(QuietHandler):
     """A stand-in vLLM: /v1/models, /tokenize, /metrics (the engine's counters and timing histograms) and
     streamed /v1/completions that decode one token every `token_gap_s`. With `burst`, the server decodes at
     that pace but holds every event back and releases the whole stream at once at the end (what a buffering
-    proxy, or a server under some loads, does); its /metrics still tell the engine's true timings."""
+    proxy, or a server under some loads, does); its /metrics still tell the engine's true timings. With
+    `burst_first` N, only the first N streams are held back (a host that was briefly too busy)."""
 
     model = "stand-in"
     max_model_len = 4096
     token_gap_s = 0.003
     burst = False
+    burst_first: int | None = None
+    streams = 0
     api_key: str | None = None
     lock = threading.Lock()
     counters: ClassVar[dict[str, float]] = {}
 
     @classmethod
-    def reset(cls, *, burst: bool = False, token_gap_s: float = 0.003, api_key: str | None = None) -> None:
-        cls.burst, cls.token_gap_s, cls.api_key = burst, token_gap_s, api_key
+    def reset(
+        cls,
+        *,
+        burst: bool = False,
+        token_gap_s: float = 0.003,
+        api_key: str | None = None,
+        burst_first: int | None = None,
+    ) -> None:
+        cls.burst, cls.token_gap_s, cls.api_key = burst or burst_first is not None, token_gap_s, api_key
+        cls.burst_first, cls.streams = burst_first, 0
         cls.counters = {
             "vllm:prompt_tokens_total": 0.0,
             "vllm:generation_tokens_total": 0.0,
@@ -131,6 +142,9 @@ class VllmLikeHandler(QuietHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.end_headers()
+        with self.lock:
+            type(self).streams += 1
+            hold = self.burst and (self.burst_first is None or self.streams <= self.burst_first)
         started = time.perf_counter()
         held: list[bytes] = []
         first_token = last_token = started
@@ -140,7 +154,7 @@ class VllmLikeHandler(QuietHandler):
             if i == 0:
                 first_token = last_token
             event = vllm_completion_event("cmpl-1", 1, self.model, "a", "length" if i == n - 1 else None)
-            if self.burst:
+            if hold:
                 held.append(event)
             else:
                 self._chunk(event)

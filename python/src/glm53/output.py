@@ -106,6 +106,13 @@ class ProgressBar:
         else:
             self._display.update(self._task, description=description, completed=done, total=total)
 
+    def extend(self, items: int = 1) -> None:
+        """`items` more to do than the total said (a repeated measurement)."""
+        if self._display is not None and self._task is not None:
+            task = next(task for task in self._display.tasks if task.id == self._task)
+            if task.total is not None:
+                self._display.update(self._task, total=task.total + items)
+
     def step(self, line: str) -> None:
         """One item finished: print its line (above the bar) and count it."""
         if self._display is None:

@@ -3,7 +3,8 @@
 TTFT = request start -> first streamed event carrying tokens; prefill tok/s = prompt tokens / TTFT;
 decode tok/s = (completion tokens - 1) / (end - first token time). A run counts only when the usage matches
 the request, every finish reason is `length` and its timing is physically possible (glm53.bench.timing);
-invalid runs are kept with their reason. Each shape reports the best and the median of its valid runs.
+invalid runs are kept with their reason, and one rejected for its timing is measured again (`--retries`). Each
+shape reports the best and the median of its valid runs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory, PromptStyle
 from glm53.bench.stream import StreamOutcome, decode_rate, prefill_rate
-from glm53.bench.timing import implausible_timing, server_decode_rate
+from glm53.bench.timing import IMPLAUSIBLE, implausible_timing, server_decode_rate
 from glm53.errors import BadInput, CheckFailed
 
 DEFAULT_SHAPES = "8192:2048,131072:2048,260096:2048"
@@ -33,6 +34,9 @@ MAX_TOKENS_PER_REQUEST = 10_000_000
 # The header vLLM's router keys `consistent_hash` on: a bench request names its conversation, so that a router
 # keeps a conversation on one box (and, in `bench run`, spreads independent runs over the boxes).
 SESSION_HEADER = "X-Session-ID"
+# Extra attempts per shape for runs rejected as implausible timing: on a busy host one late read of the socket
+# rejects a run, and a repeat measures it; a stream that is always held back is still rejected every time.
+DEFAULT_RETRIES = 2
 
 
 class Shape(BaseModel):
@@ -73,7 +77,7 @@ class RunRecord(BaseModel):
     """One request, valid or not; every run is kept in the report."""
 
     shape: str
-    run: int
+    run: int = Field(description="attempt number within the shape, repeats of rejected runs included")
     started_at: str
     cache_salt: str
     prompt_tokens_requested: int
@@ -198,7 +202,7 @@ def best_of(runs: Sequence[RunRecord]) -> BestOf:
         median_ttft_ms=statistics.median(ttfts) if ttfts else None,
         median_prefill_tok_s=statistics.median(prefills) if prefills else None,
         median_decode_tok_s=statistics.median(decodes) if decodes else None,
-        rejected_runs=sum(1 for r in runs if (r.invalid_reason or "").startswith("implausible timing")),
+        rejected_runs=sum(1 for r in runs if _rejected_timing(r)),
     )
 
 
@@ -259,27 +263,46 @@ def run_benchmark(
     *,
     runs: int,
     style: PromptStyle = "prose",
+    retries: int = DEFAULT_RETRIES,
     on_run: Callable[[RunRecord], None] | None = None,
+    on_retry: Callable[[], None] | None = None,
     on_section: Callable[[RunSection], None] | None = None,
 ) -> RunSection:
-    """Every shape `runs` times, in order; one failing request never stops the others. `on_section` gets the
-    section so far (`complete` False) after every run, for a report that a crash or Ctrl-C cannot take."""
+    """Every shape `runs` times, in order; one failing request never stops the others. A run rejected for
+    implausible timing (a host too busy to read the stream, a buffering proxy) is measured again, at most
+    `retries` extra times per shape; the rejected run stays in the report. Any other invalid run (an error, a
+    wrong usage) is the server's answer and is not repeated. `on_section` gets the section so far (`complete`
+    False) after every run, for a report that a crash or Ctrl-C cannot take."""
     if runs < 1:
         raise BadInput(f"--runs must be at least 1, got {runs}")
+    if retries < 0:
+        raise BadInput(f"--retries must be 0 or more, got {retries}")
     results: list[ShapeResult] = []
     for index, shape in enumerate(shapes):
         prompt = prompts.exact(shape.prompt_tokens, style, seed=index)
         records: list[RunRecord] = []
-        for run in range(1, runs + 1):
-            record = run_one(client, model, prompt, shape, run)
+        wanted, retries_left, attempt = runs, retries, 0
+        while wanted > 0:
+            attempt += 1
+            record = run_one(client, model, prompt, shape, attempt)
             records.append(record)
             if on_run is not None:
                 on_run(record)
+            if _rejected_timing(record) and retries_left > 0:
+                retries_left -= 1
+                if on_retry is not None:
+                    on_retry()
+            else:
+                wanted -= 1
             if on_section is not None:
                 partial = [*results, _shape_result(shape, records)]
                 on_section(RunSection(style=style, runs_per_shape=runs, shapes=partial, complete=False))
         results.append(_shape_result(shape, records))
     return RunSection(style=style, runs_per_shape=runs, shapes=results)
+
+
+def _rejected_timing(record: RunRecord) -> bool:
+    return (record.invalid_reason or "").startswith(IMPLAUSIBLE)
 
 
 def _shape_result(shape: Shape, records: list[RunRecord]) -> ShapeResult:

@@ -36,6 +36,8 @@ MAX_BURST_SHARE = 0.5
 MIN_TOKENS = 32
 JITTER_S = 0.010
 LATE_FIRST_TOKEN_S = 2.0
+# Every reason below starts so: the runner retries such runs, reports count them.
+IMPLAUSIBLE = "implausible timing"
 
 
 def implausible_timing(outcome: StreamOutcome, metrics: MetricsDelta | None) -> str | None:
@@ -49,7 +51,7 @@ def implausible_timing(outcome: StreamOutcome, metrics: MetricsDelta | None) -> 
         rate = (tokens - 1) / window
         if rate > MAX_DECODE_TOK_S:
             return (
-                f"implausible timing: {tokens - 1} tokens decoded in {window * 1000:.3g} ms ({rate:,.0f} tok/s, "
+                f"{IMPLAUSIBLE}: {tokens - 1} tokens decoded in {window * 1000:.3g} ms ({rate:,.0f} tok/s, "
                 f"above the {MAX_DECODE_TOK_S:,.0f} tok/s no engine reaches on one sequence): the stream was "
                 "held back and released in a burst"
             )
@@ -58,7 +60,7 @@ def implausible_timing(outcome: StreamOutcome, metrics: MetricsDelta | None) -> 
         bursts = sum(1 for gap in gaps if gap < MIN_EVENT_GAP_S)
         if len(gaps) >= MIN_TOKENS - 1 and bursts > MAX_BURST_SHARE * len(gaps):
             return (
-                f"implausible timing: {bursts} of {len(gaps)} token events arrived less than "
+                f"{IMPLAUSIBLE}: {bursts} of {len(gaps)} token events arrived less than "
                 f"{MIN_EVENT_GAP_S * 1000:g} ms after the previous one (faster than any engine step): the stream "
                 "was released in bursts (by the server, a proxy, or this host too busy to read it)"
             )
@@ -76,14 +78,14 @@ def _disagreement(
         server_rate = (tokens - 1) / decode if tokens > 1 else 0.0
         client_rate = (tokens - 1) / window if tokens > 1 else 0.0
         return (
-            f"implausible timing: the engine decoded for {decode:.3f} s ({server_rate:,.1f} tok/s, "
+            f"{IMPLAUSIBLE}: the engine decoded for {decode:.3f} s ({server_rate:,.1f} tok/s, "
             f"vllm:request_decode_time_seconds) but the tokens reached this client within {window:.3f} s "
             f"({client_rate:,.1f} tok/s): the stream was held back and released in bursts"
         )
     ttft = metrics.server_ttft_s
     if ttft is not None and ttft >= 0 and first > 2 * ttft + LATE_FIRST_TOKEN_S:
         return (
-            f"implausible timing: the engine produced the first token after {ttft:.3f} s "
+            f"{IMPLAUSIBLE}: the engine produced the first token after {ttft:.3f} s "
             f"(vllm:time_to_first_token_seconds) but it reached this client after {first:.3f} s: the stream "
             "was held back"
         )

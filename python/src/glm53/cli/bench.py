@@ -84,6 +84,15 @@ def run_cmd(
         "8192:2048,131072:2048,260096:2048"
     ),
     runs: Annotated[int, typer.Option("--runs", min=1, help="Runs per shape; the best is reported, all kept.")] = 2,
+    retries: Annotated[
+        int,
+        typer.Option(
+            "--retries",
+            min=0,
+            help="Extra runs per shape in place of runs rejected for implausible timing (a busy host, a "
+            "buffering proxy); the rejected runs stay in the report.",
+        ),
+    ] = 2,
     style: Annotated[str, typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")] = "prose",
     model: ServedModelOpt = None,
     out_dir: ReportDirOpt = DEFAULT_OUT,
@@ -154,8 +163,10 @@ def run_cmd(
                 served,
                 parsed,
                 runs=runs,
+                retries=retries,
                 style=prompt_style,
                 on_run=_attributed(tracker, lambda record: bar.step(run_line(record))),
+                on_retry=bar.extend,
                 on_section=checkpointer(out_dir, session.environment, "run", out.warn),
             )
         if tracker is not None:

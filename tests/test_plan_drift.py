@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.cache_plan import drift_case, hedged_split, learn_from_trace
+from glm53.plan.cache_plan import cross_fitted_hits, drift_case, hedged_split, learn_from_trace
 from glm53.plan.comparison import compare_policies
+from glm53.plan.miss_ratio import default_pinned_grid, layer_curves, rank_experts
 from glm53.plan.traces import SyntheticTraceSpec, drift_trace, parse_shifts, synthesize_trace
 
 SMALL = {"layers": tuple(range(6)), "experts": 64, "top_k": 4, "steps": 2500}
@@ -45,6 +46,20 @@ def test_parse_shifts() -> None:
     for bad in ("1.5:1", "0.5:2", "half:1"):
         with pytest.raises(BadInput):
             parse_shifts(bad)
+
+
+def test_cross_fitted_curves_score_each_half_with_the_other_halfs_ranking() -> None:
+    half = synthesize_trace(SyntheticTraceSpec(**SMALL, seed=5)).routes[:600, 0, :]
+    grid = default_pinned_grid(64)
+    # Two equal halves: each is scored with its own ranking, so the curves are twice the half's in-sample ones.
+    own = layer_curves(half, 64, rank_experts(np.bincount(half.ravel(), minlength=64)), grid).hits
+    doubled = cross_fitted_hits(np.concatenate([half, half]), 64, grid)
+    assert np.array_equal(doubled, np.where(own < 0, -1, 2 * own))
+    # Different halves: a pin is worth no more than in-sample, where the ranking is fitted to the very draws.
+    routes = synthesize_trace(SyntheticTraceSpec(**SMALL, seed=5)).routes[:1200, 0, :]
+    in_sample = layer_curves(routes, 64, rank_experts(np.bincount(routes.ravel(), minlength=64)), grid).hits
+    crossed = cross_fitted_hits(routes, 64, grid)
+    assert crossed[grid == 16, 0][0] <= in_sample[grid == 16, 0][0]
 
 
 def test_hedge_trades_a_little_learned_gain_for_the_drift_case() -> None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
 from glm53.plan.allocation import allocate_slots, uniform_split
-from glm53.plan.miss_ratio import LayerCurves, default_pinned_grid, layer_curves, rank_experts
+from glm53.plan.miss_ratio import LayerCurves, best_splits, default_pinned_grid, layer_curves, rank_experts
 from glm53.plan.parallel import default_workers, layer_map
 from glm53.plan.simulate import pinned_lru_hits
 from glm53.plan.traces import RoutingCounts, RoutingTrace
@@ -137,17 +137,39 @@ def counts_plan(
     )
 
 
+def cross_fitted_hits(routes: NDArray[np.int16], experts: int, grid: NDArray[np.int64]) -> NDArray[np.int64]:
+    """hits[i, w] of one layer's learned part, each half scored with the ranking counted on the other half.
+
+    Scored with its own ranking, a trace credits the pins with the ranking's sampling noise (a tail expert
+    ranks high because it happened to be drawn often, and then counts those very draws as hits), so in-sample
+    curves overvalue pinning; held-out, they are what a learned ranking is worth on tokens it has not seen.
+    """
+    half = len(routes) // 2
+    if half == 0:
+        rank = rank_experts(np.bincount(routes.ravel(), minlength=experts))
+        return layer_curves(routes, experts, rank, grid).hits
+    early, late = routes[:half], routes[half:]
+    hits = sum(
+        layer_curves(scored, experts, rank_experts(np.bincount(ranked.ravel(), minlength=experts)), grid).hits
+        for ranked, scored in ((early, late), (late, early))
+    )
+    return np.where(hits < 0, -1, hits)  # -1: pinned + window beyond the experts, in both halves
+
+
 def _learn_layer(task: tuple[NDArray[np.int16], int, NDArray[np.int64], int]) -> LayerCurves:
     routes, experts, counts, index = task
     grid = default_pinned_grid(experts)
-    curves = layer_curves(routes, experts, rank_experts(counts), grid)
+    hits = cross_fitted_hits(routes, experts, grid)
+    best, best_pinned = best_splits(grid, hits)
+    curves = LayerCurves(routes.size, rank_experts(counts), grid, hits, best, best_pinned)
     # The drift case: the same trace with a ranking that knows nothing (a fixed random order per layer).
     blind = np.random.default_rng([index, 0xD21F7]).permutation(experts).astype(np.int64)
     return replace(curves, drift=layer_curves(routes, experts, blind, grid).hits)
 
 
 def learn_from_trace(learn: RoutingTrace, *, workers: int | None = None) -> tuple[NDArray[np.int64], list[LayerCurves]]:
-    """Rankings (hottest first, by the learned part's counts) and hit curves of every layer."""
+    """Rankings (hottest first, by the learned part's counts) and hit curves of every layer (cross-fitted:
+    `cross_fitted_hits`)."""
     counts = learn.counts()
     tasks = [(learn.routes[:, index, :], learn.experts, counts[index], index) for index in range(len(learn.layers))]
     if workers is None:
@@ -157,9 +179,9 @@ def learn_from_trace(learn: RoutingTrace, *, workers: int | None = None) -> tupl
 
 
 RECIPE_PINNED_FRACTION = 0.2  # the recipe's own policy: EXL3_PINNED_FRAC=0.2 of the same slots per layer
-# The drift case's weight in the objective: learned hits + 0.6 x drift-case hits is, up to a factor, the
-# expected hits when 0.6 / 1.6 = 37.5% of the served tokens come after a full re-permutation of popularity.
-HEDGE_WEIGHT = 0.6
+# The drift case's weight in the objective: learned hits + 0.55 x drift-case hits is, up to a factor, the
+# expected hits when 0.55 / 1.55 = 35.5% of the served tokens come after a full re-permutation of popularity.
+HEDGE_WEIGHT = 0.55
 HEDGE_TOLERANCE = 0.05  # guard: the drift case may fall at most this share of the accesses below the recipe's
 HEDGE_MAX_WEIGHT = 1000.0  # at this weight of the drift case the split is as drift-proof as the slots allow
 HEDGE_BISECTIONS = 24
@@ -213,14 +235,16 @@ def hedged_split(
 ) -> tuple[list[tuple[int, int]], Hedge]:
     """(pinned, window) per layer.
 
-    Slots per layer: exact DP over the learned best-split curves (a re-permutation of expert ids keeps each
-    layer's skew and reuse pattern, so this split across layers does not depend on which experts are hot).
     Pinned vs window per layer: the learned optimum pins 70-95% of the slots, which is right while the ranking
     holds and badly wrong once popularity moves. Hedged, each layer maximises
         learned hits + weight x hits in the drift case (every pinned expert re-permuted, `drift_case`)
-    with weight HEDGE_WEIGHT (a prior: 37.5% of the served tokens come after a full re-permutation), raised by
-    bisection where needed so that the drift case stays within `tolerance` (a share of the accesses) of the
-    recipe's own policy (20% pinned of uniform slots) in the same case. The knobs are the engine's: slots and
+    with weight HEDGE_WEIGHT (a prior: 35.5% of the served tokens come after a full re-permutation), and the
+    slots across layers come from an exact DP over each layer's best value of that same objective. Where the
+    drift case would still fall more than `tolerance` (a share of the accesses) below the recipe's own policy
+    (20% pinned of uniform slots) in the same case, the weight is raised by bisection over the splits of the
+    learned DP's slots (a re-permutation keeps each layer's skew and reuse pattern, so those slots do not
+    depend on which experts are hot), then the slots are re-split at that weight when no worse.
+    Unhedged: the learned DP's slots and each layer's best learned split. The knobs are the engine's: slots and
     pinned count per layer (EXL3_LRU_CAPACITY_PLAN) and the rankings file; nothing else changes.
     """
     tolerance = HEDGE_TOLERANCE if tolerance is None else tolerance
@@ -245,14 +269,33 @@ def hedged_split(
         splits = unhedged if weight == 0 else [_split_at(c, s, weight) for c, s in zip(curves, slots, strict=True)]
         return splits, sum(drift_case(c, p, w) for c, (p, w) in zip(curves, splits, strict=True))
 
+    def joint(weight: float) -> list[tuple[int, int]]:
+        # Slots across layers by the DP over each layer's best learned + weight x drift-case value: the same
+        # Lagrangian as the split, so slots and split optimise one objective.
+        combined = []
+        for curve in curves:
+            assert curve.drift is not None
+            hedged_value = np.where(curve.hits >= 0, curve.hits + weight * curve.drift, -np.inf)
+            best = np.full(len(curve.best), -np.inf)
+            for row, pinned in enumerate(curve.pinned_counts.tolist()):
+                best[pinned:] = np.maximum(best[pinned:], hedged_value[row, : len(best) - pinned])
+            combined.append(np.round(best * 16).astype(np.int64))
+        allocated = allocate_slots(combined, budget, min_slots=min_slots)
+        return [_split_at(c, s, weight) for c, s in zip(curves, allocated, strict=True)]
+
+    def drift_of(splits: list[tuple[int, int]]) -> float:
+        return sum(drift_case(c, p, w) for c, (p, w) in zip(curves, splits, strict=True))
+
     floor = recipe - tolerance * accesses
     chosen, drift = at(0.0)
     weight = 0.0
     if hedged:
         weight = HEDGE_WEIGHT
-        chosen, drift = at(weight)
+        chosen = joint(weight)
+        drift = drift_of(chosen)
     if hedged and drift < floor:
-        # The drift case rises with the weight (a Lagrangian): bisect for the smallest weight that holds it.
+        # The drift case rises with the weight (a Lagrangian): bisect for the smallest weight that holds it
+        # (slots fixed by the learned DP, one DP per step would cost seconds).
         low, high = HEDGE_WEIGHT, HEDGE_MAX_WEIGHT
         chosen, drift = at(high)
         weight = high
@@ -263,23 +306,10 @@ def hedged_split(
                 high, chosen, drift, weight = middle, splits, value, middle
             else:
                 low = middle
-    if hedged and weight > 0:
-        # Re-split the slots across layers for the hedged objective too (one more DP over each layer's best
-        # learned + weight x drift-case value); kept when it is no worse on either count.
-        combined = []
-        for curve in curves:
-            assert curve.drift is not None
-            hedged_value = np.where(curve.hits >= 0, curve.hits + weight * curve.drift, -np.inf)
-            best = np.full(len(curve.best), -np.inf)
-            for row, pinned in enumerate(curve.pinned_counts.tolist()):
-                best[pinned:] = np.maximum(best[pinned:], hedged_value[row, : len(best) - pinned])
-            combined.append(np.round(best * 16).astype(np.int64))
-        resplit = [
-            _split_at(c, s, weight)
-            for c, s in zip(curves, allocate_slots(combined, budget, min_slots=min_slots), strict=True)
-        ]
-        resplit_drift = sum(drift_case(c, p, w) for c, (p, w) in zip(curves, resplit, strict=True))
-        if resplit_drift >= min(drift, floor) and stationary(resplit) >= stationary(chosen):
+        # Re-split the slots across layers at that weight too; kept when it is no worse on either count.
+        resplit = joint(weight)
+        resplit_drift = drift_of(resplit)
+        if resplit_drift >= floor and stationary(resplit) >= stationary(chosen):
             chosen, drift = resplit, resplit_drift
     hedge = Hedge(
         weight=weight,
@@ -371,6 +401,7 @@ __all__ = [
     "Hedge",
     "LayerCache",
     "counts_plan",
+    "cross_fitted_hits",
     "drift_case",
     "hedged_split",
     "learn_from_trace",

@@ -143,6 +143,13 @@ def layer_curves(
     hits = pinned_hits[:, None] + lru
     windows = np.arange(size)[None, :]
     hits[grid[:, None] + windows > experts] = -1
+    best, best_pinned = best_splits(grid, hits)
+    return LayerCurves(steps * top_k, ranking, grid, hits, best, best_pinned)
+
+
+def best_splits(grid: NDArray[np.int64], hits: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Per capacity c (0..experts): the most hits over pinned counts n <= c with window c - n, and that n."""
+    size = hits.shape[1]
     best = np.zeros(size, dtype=np.int64)
     best_pinned = np.zeros(size, dtype=np.int64)
     for capacity in range(size):
@@ -150,11 +157,12 @@ def layer_curves(
         diagonal = hits[rows, capacity - grid[rows]]
         choice = int(np.argmax(diagonal))
         best[capacity], best_pinned[capacity] = diagonal[choice], grid[rows[choice]]
-    return LayerCurves(steps * top_k, ranking, grid, hits, best, best_pinned)
+    return best, best_pinned
 
 
 __all__ = [
     "LayerCurves",
+    "best_splits",
     "default_pinned_grid",
     "last_use_before_step",
     "layer_curves",

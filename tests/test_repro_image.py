@@ -5,11 +5,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from glm53.repro.image import compare_image_tarballs
 from tests.support.cli import run_glm53
+from tests.support.nixenv import NIX_ENV
+
+STREAM_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nix" / "image-stream.nix"
 
 
 def _tar(members: list[tuple[str, bytes, int]]) -> bytes:
@@ -64,3 +71,66 @@ def test_not_an_image_is_bad_input(tmp_path: Path) -> None:
     b.write_bytes(_tar([("x", b"2", 1)]))
     result = run_glm53("repro", "audit-image", "--tarball", str(a), "--tarball", str(b))
     assert result.code == 2 and "manifest.json" in result.stderr
+
+
+def _stream_derivation(workdir: Path, first: Path, second: Path) -> str:
+    """The store derivation of a script printing `first`, then `second` (tests/fixtures/nix/image-stream.nix);
+    its state file lives in a fresh `workdir`, so each call is a new derivation."""
+    workdir.mkdir()
+    arguments = {"first": first, "second": second, "state": workdir / "streamed-once"}
+    made = subprocess.run(
+        [
+            "nix-instantiate",
+            str(STREAM_FIXTURE),
+            *(f for name, value in arguments.items() for f in ("--argstr", name, str(value))),
+        ],
+        capture_output=True,
+        text=True,
+        env=NIX_ENV,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+def _audit_image(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(shutil.which("glm53") or "glm53")
+    return subprocess.run([str(exe), "repro", "audit-image", *args], capture_output=True, text=True, env=NIX_ENV)
+
+
+@pytest.mark.nix
+@pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (.ci/run installs nix-bin)")
+def test_the_nix_path_builds_rebuilds_and_streams_twice(tmp_path: Path) -> None:
+    image = _image(tmp_path / "image.tar")
+    same = _audit_image(_stream_derivation(tmp_path / "same", image, image), "--json")
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["identical"] is True
+
+    later = _image(tmp_path / "later.tar", app_mtime=1700000000)
+    keep = tmp_path / "kept"
+    keep.mkdir()
+    differs = _audit_image(_stream_derivation(tmp_path / "differs", image, later), "--keep", str(keep))
+    assert differs.returncode == 1, differs.stderr
+    assert "app/run.py" in differs.stderr and "layer 1" in differs.stderr
+    assert (keep / "image-a.tar").read_bytes() == image.read_bytes()
+    assert (keep / "image-b.tar").read_bytes() == later.read_bytes()
+
+
+@pytest.mark.nix
+@pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (.ci/run installs nix-bin)")
+def test_a_failing_build_or_rebuild_is_bad_input(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.drv"
+    result = _audit_image(str(missing))
+    assert result.returncode == 2 and f"nix could not build {missing}" in result.stderr
+    salt = ["--argstr", "salt", tmp_path.name]
+    unstable = subprocess.run(
+        ["nix-instantiate", str(STREAM_FIXTURE.parent / "nondeterministic.nix"), *salt],
+        capture_output=True,
+        text=True,
+        env=NIX_ENV,
+        timeout=120,
+    )
+    assert unstable.returncode == 0, unstable.stderr
+    rebuilt = _audit_image(unstable.stdout.strip())
+    assert rebuilt.returncode == 2 and "a second build of" in rebuilt.stderr and "differs or failed" in rebuilt.stderr
+    assert "glm53 repro audit-build" in rebuilt.stderr

@@ -383,26 +383,43 @@ def _explain_nix_setup(stderr: str) -> None:
         )
 
 
+def nix_build_outputs(nix: str, targets: list[str], label: str, *, missing_hint: str) -> list[dict[str, str]]:
+    """`nix build --no-link --json TARGETS` once: each built derivation's outputs (name -> store path). Exit 3
+    without nix or with a host set-up problem (`missing_hint` says what to do without nix), 2 when the build
+    fails or prints what nix build --json never prints."""
+    # --json rather than --print-out-paths: the latter is newer than the Nix 2.8 some hosts still run.
+    try:
+        built = subprocess.run(
+            [nix, "build", "--no-link", "--json", *targets], capture_output=True, text=True, env=_nix_env()
+        )
+    except FileNotFoundError as exc:
+        raise Unavailable("nix is not installed", hint=missing_hint) from exc
+    if built.returncode != 0:
+        _explain_nix_setup(built.stderr)
+        raise BadInput(f"nix could not build {label}: {built.stderr.strip()[-800:]}")
+    try:
+        return [
+            {str(name): str(path) for name, path in entry.get("outputs", {}).items()}
+            for entry in json.loads(built.stdout)
+        ]
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise BadInput(f"unexpected output from nix build --json: {built.stdout[:200]!r}") from exc
+
+
+def nix_rebuild(nix: str, targets: list[str]) -> subprocess.CompletedProcess[str]:
+    """`nix build --rebuild`: build again and compare with the store's copy bit for bit (non-zero when they differ)."""
+    return subprocess.run(
+        [nix, "build", "--rebuild", "--no-link", "--json", *targets], capture_output=True, text=True, env=_nix_env()
+    )
+
+
 def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | None = None) -> BuildAudit:
     """Build once, then rebuild and compare bit for bit (`nix build --rebuild`)."""
-    # --json rather than --print-out-paths: the latter is newer than the Nix 2.8 some hosts still run.
-    args = [nix, "build", "--no-link", "--json", *(extra_args or [])]
-    if installable:
-        args.append(installable)
+    targets = [*(extra_args or []), *([installable] if installable else [])]
     label = installable or " ".join(extra_args or [])
-    try:
-        first = subprocess.run(args, capture_output=True, text=True, env=_nix_env())
-    except FileNotFoundError as exc:
-        raise Unavailable("nix is not installed", hint="install Nix (2.8 or newer)") from exc
-    if first.returncode != 0:
-        _explain_nix_setup(first.stderr)
-        raise BadInput(f"nix could not build {label}: {first.stderr.strip()[-800:]}")
-    try:
-        built = json.loads(first.stdout)
-        out_paths = [str(path) for entry in built for path in entry.get("outputs", {}).values()]
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise BadInput(f"unexpected output from nix build --json: {first.stdout[:200]!r}") from exc
-    second = subprocess.run([*args[:2], "--rebuild", *args[2:]], capture_output=True, text=True, env=_nix_env())
+    outputs = nix_build_outputs(nix, targets, label, missing_hint="install Nix (2.8 or newer)")
+    out_paths = [path for entry in outputs for path in entry.values()]
+    second = nix_rebuild(nix, targets)
     hashes = {}
     for path in out_paths:
         info = subprocess.run([nix, "path-info", "--json", path], capture_output=True, text=True, env=_nix_env())

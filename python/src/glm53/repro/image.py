@@ -17,8 +17,8 @@ from typing import IO, Any
 
 from pydantic import BaseModel
 
-from glm53.errors import BadInput, Unavailable
-from glm53.repro import _explain_nix_setup, _nix_env
+from glm53.errors import BadInput
+from glm53.repro import nix_build_outputs, nix_rebuild
 
 _CHUNK = 1 << 20
 
@@ -189,19 +189,14 @@ def compare_image_tarballs(a: Path, b: Path) -> ImageAudit:
 def stream_image_twice(installable: str, out_dir: Path, *, nix: str = "nix") -> tuple[Path, Path]:
     """Build `installable` (a streamLayeredImage: a script printing the tarball), rebuild it once with
     `--rebuild`, and run the stream script twice into out_dir/image-{a,b}.tar."""
-    args = [nix, "build", "--no-link", "--json", installable]
+    outputs = nix_build_outputs(
+        nix, [installable], installable, missing_hint="install Nix, or pass two tarballs with --tarball"
+    )
     try:
-        built = subprocess.run(args, capture_output=True, text=True, env=_nix_env())
-    except FileNotFoundError as exc:
-        raise Unavailable("nix is not installed", hint="install Nix, or pass two tarballs with --tarball") from exc
-    if built.returncode != 0:
-        _explain_nix_setup(built.stderr)
-        raise BadInput(f"nix could not build {installable}: {built.stderr.strip()[-800:]}")
-    try:
-        out = str(json.loads(built.stdout)[0]["outputs"]["out"])
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise BadInput(f"unexpected output from nix build --json: {built.stdout[:200]!r}") from exc
-    rebuilt = subprocess.run([*args[:2], "--rebuild", *args[2:]], capture_output=True, text=True, env=_nix_env())
+        out = outputs[0]["out"]
+    except (KeyError, IndexError) as exc:
+        raise BadInput(f"unexpected output from nix build --json: no 'out' output in {outputs!r:.200}") from exc
+    rebuilt = nix_rebuild(nix, [installable])
     if rebuilt.returncode != 0:
         raise BadInput(
             f"a second build of {installable} differs or failed: {rebuilt.stderr.strip()[-400:]}",

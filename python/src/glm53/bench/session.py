@@ -53,8 +53,8 @@ class Session:
 
 @contextmanager
 def measuring(target: Target) -> Iterator[Session]:
-    """Connect, and yield the client, the server and the environment recorded for the report; the client
-    is closed on leaving."""
+    """Connect, and yield the client, the server and the environment recorded for the report (and, with
+    backends, the per-backend split, already started); the client is closed on leaving."""
     client, server = _connect(target)
     with client:
         # Before measuring, so that a bad --serve-profile, --env-file or --out fails in seconds, not after
@@ -68,7 +68,9 @@ def measuring(target: Target) -> Iterator[Session]:
             source.check()  # every backend's counters readable, or exit 3 before anything is measured
             # The engine's counters of a request are the backends' (the router has none of its own).
             client.metrics_source = source.metrics_text
-            yield Session(client, server, environment, SplitTracker(source))
+            tracker = SplitTracker(source)
+            tracker.start()  # the split counts from here: every request of the session is after it
+            yield Session(client, server, environment, tracker)
         finally:
             source.close()
 

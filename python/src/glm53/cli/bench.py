@@ -152,8 +152,6 @@ def run_cmd(
     with measuring(target) as session:
         check_fits(parsed, session.server.max_model_len)
         tracker = session.tracker
-        if tracker is not None:
-            tracker.start()
         served = session.server.model
         out.info(f"benchmarking {served} at {session.server.base_url}: {len(parsed)} shapes x {runs} runs")
         with out.progress("requests", total=len(parsed) * runs) as bar:
@@ -380,8 +378,6 @@ def agent_cmd(
     with measuring(target) as session:
         check_fits(system_tokens, max_tokens, session.server.max_model_len)
         tracker = session.tracker
-        if tracker is not None:
-            tracker.start()
         with out.progress("turns", total=script.turns) as bar:
             section = run_agent(
                 session.client,

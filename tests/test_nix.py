@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from glm53.repro import load_repro_lock
+from tests.support.nixenv import NIX_CONFIG, NIX_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "nix"
@@ -20,13 +21,6 @@ pytestmark = [
     pytest.mark.nix,
     pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (.ci/run installs nix-bin)"),
 ]
-
-# Everything the tests need from Nix's configuration, set here rather than taken from how the host set Nix up:
-# root without a daemon builds as itself (Debian's nix-bin creates the nixbld group only through a Recommends).
-NIX_CONFIG = "experimental-features = nix-command flakes\nsubstituters =\nsandbox = false" + (
-    "\nbuild-users-group =" if os.geteuid() == 0 else ""
-)
-NIX_ENV = {**os.environ, "NIX_CONFIG": NIX_CONFIG}
 
 
 def nix_eval(expr: str, *, raw: bool = False) -> subprocess.CompletedProcess[str]:

@@ -16,22 +16,27 @@ let
       value;
 
   # The source pins still null, by their lock field names (the same list `glm53 repro show` prints).
-  unpinned = builtins.concatLists (
-    map
-      (
-        name:
-        map (field: "engine.${name}.${field}") (
-          builtins.filter (field: lock.engine.${name}.${field} == null) [
+  unpinned =
+    let
+      nullFields =
+        where: pin:
+        map (field: "${where}.${field}") (
+          builtins.filter (field: pin.${field} == null) [
             "rev"
             "hash"
           ]
-        )
-      )
-      [
+        );
+      cmakeSources = lock.engine.vllm_cmake_sources.sources;
+    in
+    builtins.concatLists (
+      map (name: nullFields "engine.${name}" lock.engine.${name}) [
         "vllm"
         "glm53_overlay"
       ]
-  );
+      ++ map (
+        name: nullFields "engine.vllm_cmake_sources.sources.${name}" cmakeSources.${name}
+      ) (builtins.attrNames cmakeSources)
+    );
 
   # What an output that needs an unpinned source is until the pins are filled: a derivation that evaluates
   # (so `nix flake check` and `nix flake show` work) and fails when built, naming the fields to fill.
@@ -152,6 +157,7 @@ let
       glm53_overlay
       exllamav3
       cuda
+      vllm_cmake_sources
       ;
     inherit (lock.nix) nixpkgs;
     inherit (lock) checkpoint;

@@ -21,11 +21,13 @@ def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
     assert lock.checkpoint.revision == "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
     assert lock.engine.exllamav3.rev.startswith("499890c")
     assert lock.runtime.kv_cache_memory_bytes == 3_328_599_040
+    sources = ["cutlass", "flashmla", "flashmla_cutlass", "qutlass", "triton_kernels", "vllm_flash_attn"]
     assert lock.unpinned() == [
         "engine.vllm.rev",
         "engine.vllm.hash",
         "engine.glm53_overlay.rev",
         "engine.glm53_overlay.hash",
+        *(f"engine.vllm_cmake_sources.sources.{name}.{field}" for name in sources for field in ("rev", "hash")),
     ]
     digest = repro_lock_sha256(LOCK)
     assert digest is not None and len(digest) == 64

@@ -5,8 +5,9 @@
 # (0.11.x on nixos-25.11); none of that applies to the vendor commit, so `patches` and `postPatch`
 # are set here from scratch, not inherited. The sources vLLM's CMake would fetch (FetchContent) are
 # fixed-output fetches below: the build sandbox is offline.
-# Every commit here is published only in short form or depends on the vendor commit: they are null
-# until someone fills them in, and evaluation stops with the field to fill, not with a hash mismatch.
+# Every commit here is published only in short form or depends on the vendor commit: they are null in
+# repro.lock.json until someone fills them in, and evaluation stops with the field to fill, not with a
+# hash mismatch.
 {
   lib,
   vllm,
@@ -32,71 +33,26 @@ let
     hash = requirePin "engine.glm53_overlay.hash" pins.glm53_overlay.hash;
   };
 
-  # What vLLM's CMake fetches at the vendor commit. Read each rev from the named file of the vendor
-  # commit (GIT_TAG / the default tag), then the hash from a first build's mismatch message.
-  cmakeSource =
-    {
-      name,
-      owner,
-      repo,
-      rev,
-      hash,
-      readFrom,
-    }:
+  # What vLLM's CMake fetches at the vendor commit, pinned in repro.lock.json
+  # (engine.vllm_cmake_sources): each rev read from its `read_from` in the vendor commit, then the hash
+  # from a first build's mismatch message.
+  cmakeSources = lib.mapAttrs (
+    name: pin:
     fetchFromGitHub {
       name = "${name}-source";
-      inherit owner repo;
-      rev = requirePin "pkgs/vllm-glm53: ${name} rev (${readFrom})" rev;
-      hash = requirePin "pkgs/vllm-glm53: ${name} hash" hash;
-    };
-  cutlass = cmakeSource {
-    name = "cutlass";
-    owner = "NVIDIA";
-    repo = "cutlass";
-    rev = null;
-    hash = null;
-    readFrom = "CMakeLists.txt, CUTLASS_REVISION";
-  };
-  flashmla = cmakeSource {
-    name = "flashmla";
-    owner = "vllm-project";
-    repo = "FlashMLA";
-    rev = null;
-    hash = null;
-    readFrom = "cmake/external_projects/flashmla.cmake, GIT_TAG";
-  };
-  flashmlaCutlass = cmakeSource {
-    name = "flashmla-cutlass";
-    owner = "NVIDIA";
-    repo = "cutlass";
-    rev = null;
-    hash = null;
-    readFrom = "the csrc/cutlass submodule commit of that FlashMLA revision";
-  };
-  vllmFlashAttn = cmakeSource {
-    name = "vllm-flash-attn";
-    owner = "vllm-project";
-    repo = "flash-attention";
-    rev = null;
-    hash = null;
-    readFrom = "cmake/external_projects/vllm_flash_attn.cmake, GIT_TAG";
-  };
-  qutlass = cmakeSource {
-    name = "qutlass";
-    owner = "IST-DASLab";
-    repo = "qutlass";
-    rev = null;
-    hash = null;
-    readFrom = "cmake/external_projects/qutlass.cmake, GIT_TAG";
-  };
-  tritonKernels = cmakeSource {
-    name = "triton-kernels";
-    owner = "triton-lang";
-    repo = "triton";
-    rev = null;
-    hash = null;
-    readFrom = "cmake/external_projects/triton_kernels.cmake, DEFAULT_TRITON_KERNELS_TAG";
-  };
+      inherit (pin) owner repo;
+      rev = requirePin "engine.vllm_cmake_sources.sources.${name}.rev (${pin.read_from})" pin.rev;
+      hash = requirePin "engine.vllm_cmake_sources.sources.${name}.hash" pin.hash;
+    }
+  ) pins.vllm_cmake_sources.sources;
+  inherit (cmakeSources)
+    cutlass
+    flashmla
+    flashmla_cutlass
+    vllm_flash_attn
+    qutlass
+    triton_kernels
+    ;
 
   # Submodules the CMake projects expect, replaced by the fetched CUTLASS.
   withCutlass =
@@ -118,8 +74,8 @@ let
     pins.cuda.capabilities
   );
   sourceDirs = {
-    FLASH_MLA_SRC_DIR = "${withCutlass "flashmla" flashmla flashmlaCutlass}";
-    VLLM_FLASH_ATTN_SRC_DIR = "${withCutlass "vllm-flash-attn" vllmFlashAttn cutlass}";
+    FLASH_MLA_SRC_DIR = "${withCutlass "flashmla" flashmla flashmla_cutlass}";
+    VLLM_FLASH_ATTN_SRC_DIR = "${withCutlass "vllm-flash-attn" vllm_flash_attn cutlass}";
     QUTLASS_SRC_DIR = "${qutlass}";
   };
 
@@ -175,6 +131,6 @@ assert lib.assertMsg (cudaVersion == pins.cuda.version)
     SETUPTOOLS_SCM_PRETEND_VERSION = pins.vllm.version;
     CMAKE_ARGS = lib.concatStringsSep " " cmakeArgs;
     inherit (sourceDirs) FLASH_MLA_SRC_DIR VLLM_FLASH_ATTN_SRC_DIR QUTLASS_SRC_DIR;
-    TRITON_KERNELS_SRC_DIR = "${tritonKernels}/python/triton_kernels/triton_kernels";
+    TRITON_KERNELS_SRC_DIR = "${triton_kernels}/python/triton_kernels/triton_kernels";
   };
 })

@@ -81,11 +81,27 @@ class CudaPin(_Strict):
     capabilities: list[str]
 
 
+class FetchedSourcePin(_Strict):
+    """A GitHub source the engine's build fetches; rev and hash stay null until read from `read_from`."""
+
+    owner: str
+    repo: str
+    rev: str | None = Field(default=None, pattern=_HEX40)
+    hash: str | None = Field(default=None, pattern=_SRI)
+    read_from: str
+
+
+class CmakeSourcePins(_Strict):
+    note: str
+    sources: dict[str, FetchedSourcePin]
+
+
 class EnginePins(_Strict):
     vllm: SourcePin
     glm53_overlay: SourcePin
     exllamav3: ExllamaPin
     cuda: CudaPin
+    vllm_cmake_sources: CmakeSourcePins
 
 
 class NixpkgsPin(_Strict):
@@ -136,12 +152,15 @@ class ReproLock(_Strict):
 
     def unpinned(self) -> list[str]:
         """Lock fields still null: a release build cannot be made until they are filled."""
-        missing = []
-        for name, pin in (("vllm", self.engine.vllm), ("glm53_overlay", self.engine.glm53_overlay)):
-            for field in ("rev", "hash"):
-                if getattr(pin, field) is None:
-                    missing.append(f"engine.{name}.{field}")
-        return missing
+        pins: list[tuple[str, SourcePin | FetchedSourcePin]] = [
+            ("engine.vllm", self.engine.vllm),
+            ("engine.glm53_overlay", self.engine.glm53_overlay),
+            *(
+                (f"engine.vllm_cmake_sources.sources.{name}", pin)
+                for name, pin in sorted(self.engine.vllm_cmake_sources.sources.items())  # as Nix lists them
+            ),
+        ]
+        return [f"{where}.{field}" for where, pin in pins for field in ("rev", "hash") if getattr(pin, field) is None]
 
 
 def find_repro_lock(start: Path | None = None) -> Path | None:

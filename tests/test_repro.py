@@ -40,6 +40,14 @@ def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
         (lambda d: d.update(schema_version=2), "schema_version"),
         (lambda d: d["runtime"].update(surprise=1), "runtime.surprise"),
         (lambda d: d["engine"]["exllamav3"]["wheel"].update(hash="md5-abc"), "engine.exllamav3.wheel.hash"),
+        (
+            lambda d: d["engine"]["vllm_cmake_sources"]["sources"]["qutlass"].update(rev="abc123"),
+            "engine.vllm_cmake_sources.sources.qutlass.rev",
+        ),
+        (
+            lambda d: d["engine"]["vllm_cmake_sources"]["sources"]["cutlass"].pop("read_from"),
+            "engine.vllm_cmake_sources.sources.cutlass.read_from",
+        ),
     ],
 )
 def test_a_bad_lock_field_is_named(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ import pytest
 from glm53.repro.image import compare_image_tarballs
 from tests.support.cli import run_glm53
 from tests.support.nixenv import NIX_ENV
+from tests.support.server import glm53_executable
 
 STREAM_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nix" / "image-stream.nix"
 
@@ -94,8 +95,9 @@ def _stream_derivation(workdir: Path, first: Path, second: Path) -> str:
 
 
 def _audit_image(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = Path(shutil.which("glm53") or "glm53")
-    return subprocess.run([str(exe), "repro", "audit-image", *args], capture_output=True, text=True, env=NIX_ENV)
+    # A subprocess, so that nix runs under the tests' own Nix configuration (NIX_ENV).
+    command = [*glm53_executable(), "repro", "audit-image", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=NIX_ENV, timeout=300)
 
 
 @pytest.mark.nix

@@ -73,7 +73,7 @@ def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
             "python.llguidance.url is llguidance-1.7.6-",
         ),
         (
-            lambda d: d["engine"]["tabbyapi"]["python"].update(LLGuidance=d["engine"]["tabbyapi"]["python"]["llguidance"]),
+            lambda d: d["engine"]["tabbyapi"]["python"].update(LLGuidance={}),
             "engine.tabbyapi.python.LLGuidance",
         ),
     ],

@@ -64,9 +64,13 @@ Served = tuple[str, dict[str, list[str]], Path]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """`git daemon` serving vllm.git (1000 commits: some share a 4-hex prefix) and overlay.git."""
+    """`git daemon` serving vllm.git (1000 commits: some share a 4-hex prefix), overlay.git and tabby.git."""
     base = tmp_path_factory.mktemp("git")
-    repos = {"vllm.git": _make_repo(base / "vllm.git", 1000), "overlay.git": _make_repo(base / "overlay.git", 3)}
+    repos = {
+        "vllm.git": _make_repo(base / "vllm.git", 1000),
+        "overlay.git": _make_repo(base / "overlay.git", 3),
+        "tabby.git": _make_repo(base / "tabby.git", 3),
+    }
     port = _free_port()
     daemon = subprocess.Popen(
         [
@@ -255,3 +259,81 @@ def test_a_server_dying_mid_fetch_is_exit_3(served: Served, tmp_path: Path) -> N
         assert "engine.vllm" in result.stderr and lock.read_text() == before
     finally:
         listener.close()
+
+
+TABBY_URL = "https://github.com/theroyallab/tabbyAPI"
+
+
+def _serve_tabbyapi_from(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """The lock keeps TabbyAPI's GitHub address (its model accepts no other); git itself is told to fetch it
+    from the local server instead (url.<base>.insteadOf, through git's environment configuration)."""
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", f"url.{url}/tabby.git.insteadOf")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", TABBY_URL)
+
+
+def _tabby_lock(tmp_path: Path, rev: str | None, hash_: str | None) -> Path:
+    """The lock with TabbyAPI's rev and hash as given, and the vLLM pins filled (so that only TabbyAPI is open)."""
+    data = json.loads((ROOT / "repro.lock.json").read_text())
+    assert data["engine"]["tabbyapi"]["url"] == TABBY_URL
+    data["engine"]["tabbyapi"].update(rev=rev, hash=hash_)
+    for name in ("vllm", "glm53_overlay"):
+        pin = data["engine"][name]
+        pin.update(rev=pin["short_rev"].ljust(40, "0"), hash="sha256-" + "A" * 43 + "=")
+    path = tmp_path / "repro.lock.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def _date(repo: Path, rev: str) -> str:
+    shown = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%cs", rev], capture_output=True, check=True)
+    return shown.stdout.decode().strip()
+
+
+def test_resolve_pins_tabbyapi_to_the_upstream_head(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, repos, base = served
+    _serve_tabbyapi_from(monkeypatch, url)
+    head = repos["tabby.git"][-1]
+    lock = _tabby_lock(tmp_path, None, None)
+    before = lock.read_text()
+
+    dry = run_glm53("repro", "resolve", "--lock", str(lock), "--dry-run", "--json")
+    assert dry.code == 0
+    assert [(p["name"], p["rev"]) for p in dry.json()["would_fetch"]] == [("tabbyapi", None)]
+
+    done = run_glm53("repro", "resolve", "--lock", str(lock), "--yes", "--json")
+    assert done.code == 0, done.stderr
+    pin = json.loads(lock.read_text())["engine"]["tabbyapi"]
+    with _archive(base / "tabby.git", head, tmp_path).open("rb") as handle:
+        assert (pin["rev"], pin["hash"]) == (head, nar_hash_tar(handle))
+    assert pin["date"] == _date(base / "tabby.git", head) == "2023-11-14"
+    nix = _nix_hash_path(_extracted(base / "tabby.git", head, tmp_path))
+    if nix is not None:
+        assert pin["hash"] == nix
+    changed = [a for a, b in zip(before.splitlines(), lock.read_text().splitlines(), strict=True) if a != b]
+    assert len(changed) == 3 and all(key in a for a, key in zip(changed, ('"rev"', '"hash"', '"date"'), strict=True))
+
+
+def test_resolve_hashes_a_given_tabbyapi_commit_and_update_moves_it(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, repos, base = served
+    _serve_tabbyapi_from(monkeypatch, url)
+    first, head = repos["tabby.git"][0], repos["tabby.git"][-1]
+    lock = _tabby_lock(tmp_path, first, None)
+
+    done = run_glm53("repro", "resolve", "--lock", str(lock), "--yes", "--json")
+    assert done.code == 0, done.stderr
+    pin = json.loads(lock.read_text())["engine"]["tabbyapi"]
+    with _archive(base / "tabby.git", first, tmp_path).open("rb") as handle:
+        assert (pin["rev"], pin["hash"]) == (first, nar_hash_tar(handle))
+
+    assert run_glm53("repro", "resolve", "--lock", str(lock), "--json").json()["would_fetch"] == []
+    moved = run_glm53("repro", "resolve", "--lock", str(lock), "--update", "tabbyapi", "--yes", "--json")
+    assert moved.code == 0, moved.stderr
+    assert json.loads(lock.read_text())["engine"]["tabbyapi"]["rev"] == head
+
+    refused = run_glm53("repro", "resolve", "--lock", str(lock), "--update", "vllm", "--yes")
+    assert refused.code == 2 and "only tabbyapi follows an upstream branch" in refused.stderr

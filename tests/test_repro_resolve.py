@@ -337,3 +337,35 @@ def test_resolve_hashes_a_given_tabbyapi_commit_and_update_moves_it(
 
     refused = run_glm53("repro", "resolve", "--lock", str(lock), "--update", "vllm", "--yes")
     assert refused.code == 2 and "only tabbyapi follows an upstream branch" in refused.stderr
+
+
+SOURCE_TREE = ROOT / "tests" / "fixtures" / "repro" / "source-tree"
+# `nix hash path --type sha256 --sri tests/fixtures/repro/source-tree` (Nix 2.8) printed this.
+SOURCE_TREE_NAR = "sha256-CkoMn7kh0/2WLzeqhuKFctX84pB6lXpp+FvD3ZoMImU="
+
+
+def test_a_source_trees_nar_hash_is_nixs_from_disk_and_from_git_archive(tmp_path: Path) -> None:
+    """How engine.tabbyapi.hash is made: `git archive` of the commit, hashed as the NAR of the tree it unpacks to
+    (what fetchFromGitHub checks). A small committed tree (an executable, an empty file, names whose byte order
+    differs from their case-folded order, a sub-folder) stands for the upstream's."""
+    assert nar_hash_path(SOURCE_TREE) == SOURCE_TREE_NAR
+    repo = tmp_path / "upstream"
+    shutil.copytree(SOURCE_TREE, repo)
+    git = ["git", "-C", str(repo), "-c", "user.name=T", "-c", "user.email=t@example"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "tree"], check=True)
+    tar = _archive(repo / ".git", "HEAD", tmp_path)
+    with tar.open("rb") as handle:
+        assert nar_hash_tar(handle) == SOURCE_TREE_NAR
+    if shutil.which("nix") is None:
+        pytest.skip("nix is not installed: compared with the recorded hash only")
+    done = subprocess.run(
+        ["nix", "hash", "path", "--type", "sha256", "--sri", str(SOURCE_TREE)],
+        capture_output=True,
+        text=True,
+        env=NIX_ENV,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == SOURCE_TREE_NAR

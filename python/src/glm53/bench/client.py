@@ -1,4 +1,11 @@
-"""HTTP edge of the benchmark: the OpenAI-compatible endpoints of a vLLM server, through httpx.
+"""HTTP edge of the benchmark: the OpenAI-compatible endpoints of a vLLM or TabbyAPI server, through httpx.
+
+TabbyAPI (the exllamav3 engine) speaks the same completions API with three differences the client bridges:
+its model card carries the context length in `parameters.max_seq_len`; it tokenizes at `/v1/token/encode`
+and `/v1/token/decode` instead of vLLM's `/tokenize`; and its completions take the prompt as text only. A
+prompt of token ids is sent as the text whose encoding is exactly that many tokens (found once per prompt by
+decoding and re-encoding until the count holds), with `add_bos_token: false` as vLLM's id prompts have none,
+so the usage the server reports is checked against the shape as strictly as on vLLM.
 
 Streaming requests never raise for what the server does (status codes, drops, timeouts, bad events, events
 that never end, streams that never stop): those come back inside a `StreamOutcome`; non-streamed quality
@@ -43,6 +50,12 @@ class ServerInfo(BaseModel):
     model: str
     max_model_len: int | None = None
     vllm_version: str | None = None
+    engine: str = "vllm"  # "tabbyapi" when the model card says TabbyAPI owns it
+
+
+# Decode/encode rounds to find a text of an exact token count; the count is reached in one or two on real
+# tokenizers (a merge across a cut boundary), so more means the tokenizer does not round-trip at all.
+_TEXT_ROUNDS = 6
 
 
 class BenchClient:
@@ -74,6 +87,9 @@ class BenchClient:
         # Where `metrics_text` reads the engine's counters: this server's /metrics, or (through a router, with
         # --backend) the sum of the backends' (glm53.bench.backends).
         self.metrics_source: Callable[[], str | None] | None = None
+        # "tabbyapi" once server_info() has seen TabbyAPI's model card: tokenize and prompts go its way.
+        self.dialect = "vllm"
+        self._texts: dict[tuple[int, ...], str] = {}
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # The read timeout bounds the silence between two chunks; a 260K prompt's prefill can be
         # several minutes of silence, hence the long default.
@@ -107,6 +123,10 @@ class BenchClient:
         if not isinstance(chosen, dict):
             raise CheckFailed(f"{self.base_url}/v1/models lists a model that is not an object")
         max_len = chosen.get("max_model_len")
+        if chosen.get("owned_by") == "tabbyAPI":
+            self.dialect = "tabbyapi"
+            parameters = chosen.get("parameters")
+            max_len = parameters.get("max_seq_len") if isinstance(parameters, dict) else None
         version: str | None = None
         try:
             payload = self._get_json("/version")
@@ -121,15 +141,49 @@ class BenchClient:
             if isinstance(max_len, int) and not isinstance(max_len, bool) and 0 < max_len < 2**53
             else None,
             vllm_version=version[:200] if version is not None else None,
+            engine=self.dialect,
         )
 
     def tokenize(self, model: str, text: str) -> list[int]:
         """Token ids of `text` without special tokens (they are added by whoever frames the prompt)."""
-        payload = self._post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
+        if self.dialect == "tabbyapi":
+            body = {"text": text, "add_bos_token": False, "encode_special_tokens": False}
+            path, payload = "/v1/token/encode", self._post_json("/v1/token/encode", body)
+        else:
+            body = {"model": model, "prompt": text, "add_special_tokens": False}
+            path, payload = "/tokenize", self._post_json("/tokenize", body)
         tokens = payload.get("tokens") if isinstance(payload, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise CheckFailed(f"{self.base_url}/tokenize answered without a 'tokens' list of integers")
+            raise CheckFailed(f"{self.base_url}{path} answered without a 'tokens' list of integers")
         return tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """TabbyAPI's text of `tokens` (special tokens dropped, as `tokenize` leaves them out)."""
+        body = {"tokens": tokens, "add_bos_token": False, "decode_special_tokens": False}
+        payload = self._post_json("/v1/token/decode", body)
+        text = payload.get("text") if isinstance(payload, dict) else None
+        if not isinstance(text, str):
+            raise CheckFailed(f"{self.base_url}/v1/token/decode answered without a 'text' string")
+        return text
+
+    def text_prompt(self, model: str, ids: list[int]) -> str:
+        """A text that TabbyAPI encodes to exactly len(ids) tokens (cached per prompt)."""
+        key = tuple(ids)
+        if key in self._texts:
+            return self._texts[key]
+        target, current = len(ids), list(ids)
+        for _ in range(_TEXT_ROUNDS):
+            text = self.detokenize(current)
+            encoded = self.tokenize(model, text)
+            if len(encoded) == target:
+                self._texts[key] = text
+                return text
+            # Too many: cut back; too few: top up from the original ids, then try again.
+            current = encoded[:target] if len(encoded) > target else encoded + list(ids[len(encoded) : target])
+        raise CheckFailed(
+            f"{self.base_url}: no text encodes to exactly {target} tokens after {_TEXT_ROUNDS} rounds",
+            hint="this tokenizer does not round-trip its own output; use --style random or another shape",
+        )
 
     def metrics_text(self) -> str | None:
         """The Prometheus exposition of `/metrics`, or None when the server does not offer it (or answers
@@ -147,6 +201,13 @@ class BenchClient:
     def stream(self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> StreamOutcome:
         """POST `body` with streaming on and time every event; never raises for server behaviour. `headers` are
         sent besides (the X-Session-ID a router keys its sticky sessions on)."""
+        if self.dialect == "tabbyapi" and isinstance(body.get("prompt"), list):
+            try:
+                body = self._tabby_body(body)
+            except (CheckFailed, Unavailable) as exc:
+                failed = StreamAccumulator(max_token_events=None)
+                failed.fail(exc.message)
+                return failed.outcome(end_s=0.0, http_status=None)
         content = json.dumps({**body, "stream": True}, separators=(",", ":")).encode()
         headers = {**(headers or {}), "Content-Type": "application/json", "Accept": "text/event-stream"}
         parser = SSEParser(max_event_bytes=MAX_EVENT_BYTES)
@@ -176,6 +237,18 @@ class BenchClient:
         except Exception as exc:  # whatever else the server's bytes provoke: an invalid run, never a crash
             events.fail(f"stream could not be read: {type(exc).__name__}: {str(exc)[:200]}")
         return events.outcome(end_s=clock() - started, http_status=status)
+
+    def _tabby_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """TabbyAPI takes text only and has no cache_salt: its page cache reuses any earlier prompt's prefix.
+        The salt instead rotates the ids (same length, same text style, another first page), so that no run
+        is served from an earlier run's cache."""
+        ids = list(body["prompt"])
+        salt = str(body.get("cache_salt") or "")
+        if salt and len(ids) > 1:
+            shift = int.from_bytes(salt.encode(), "big") % len(ids)
+            ids = ids[shift:] + ids[:shift]
+        prompt = self.text_prompt(str(body.get("model", "")), ids)
+        return {k: v for k, v in body.items() if k != "cache_salt"} | {"prompt": prompt, "add_bos_token": False}
 
     def _consume(self, response: httpx.Response, parser: SSEParser, events: StreamAccumulator, started: float) -> None:
         """Feed the stream's events until it ends or is broken. Data that never completes an event (keep-alive

@@ -447,6 +447,13 @@ _SPECS: tuple[KeySpec, ...] = (
         choices=("0", "1"),
     ),
     _env(
+        "EXL3_MOE_CPU_PIN",
+        "pin the CPU worker's threads to physical cores (1, ExLlamaV3's default) or not (0: docs/serve.md says why)",
+        recipe=False,
+        engines=_EXL3,
+        choices=("0", "1"),
+    ),
+    _env(
         "EXL3_MOE_CPU_SWAP_INTERVAL",
         "decode steps between placement sweeps (ExLlamaV3's default 128)",
         "int",

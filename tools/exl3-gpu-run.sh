@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The exllamav3 engine on a CUDA machine, end to end: build ExLlamaV3's extension, convert the tiny GLM-5.3
+# fixture, diagnose the CPU worker, compare GPU-only with CPU offload, then `glm53 serve` it through TabbyAPI
+# and measure it with `glm53 bench run`. Each stage writes its log and results under OUT.
+#
+#   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build fixture diag check serve
+#
+# Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
+# the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
+# ARCH (default 9.0) is the CUDA architecture to build for; WORK (default /root/glm53-gpu) keeps the build and
+# the model; FIXTURE_TGZ (stage fixture-tgz) is a converted fixture from an earlier fixture stage.
+set -uo pipefail
+out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=${WORK:-/root/glm53-gpu}; wheels=${WHEELS:-$root/.whl}; tabby=${TABBY:-$root/.gpu/tabby}
+site=$work/site; model=$work/fx/exl3
+export PYTHONUNBUFFERED=1 PYTHONPATH=$site:$root/python/src
+glm53() { python3 -c 'import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()' "$@"; }
+stamp() { echo "== $(date +%T) $*"; }
+
+for stage in "$@"; do
+  case $stage in
+  setup)
+    stamp setup
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    nproc; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+    ;;
+  build)
+    stamp build
+    mkdir -p "$work/build" && cd "$work/build" || exit 1
+    # symbols and no identical-code folding: a crash inside the extension names the real function
+    TORCH_CUDA_ARCH_LIST=${ARCH:-9.0} MAX_JOBS=${MAX_JOBS:-16} EXL3_EXTRA_CXXFLAGS="-g -fno-ipa-icf" \
+      python3 "$root/pkgs/exllamav3/build_ext.py" "$site/exllamav3/exllamav3_ext" "$site" >"$out/build.log" 2>&1
+    echo "build rc=$? $(ls "$site"/exllamav3_ext*.so 2>/dev/null)"; tail -1 "$out/build.log" | cut -c1-300; cd "$root" || exit 1
+    # which libstdc++ the module carries: defined std::locale symbols mean a private copy of libstdc++
+    echo "std::locale symbols defined in the module: $(nm -C --defined-only "$site"/exllamav3_ext*.so | grep -c 'std::locale')"
+    grep -o '^[^ ]*g++ ' "$out/build.log" | sort | uniq -c
+    for cxx in /opt/gcc/bin/g++ g++; do command -v $cxx >/dev/null && echo "$cxx: $($cxx -dumpversion) links $($cxx -print-file-name=libstdc++.so) / $($cxx -print-file-name=libstdc++.a)"; done
+    ;;
+  fixture)
+    stamp fixture
+    python3 "$root/tools/make-exl3-fixture.py" --work "$work/fx" --export "$work/fx-export" >"$out/fixture.log" 2>&1
+    echo "fixture rc=$?"; grep -E "^(BUILD|CONVERT rc|RUN|load|gen)" "$out/fixture.log" | tail -6
+    tar -C "$work/fx" -czf "$out/fixture-exl3.tgz" exl3 && ls -la "$out/fixture-exl3.tgz"
+    ;;
+  fixture-tgz)
+    stamp fixture-tgz
+    mkdir -p "$work/fx" && tar -C "$work/fx" -xzf "${FIXTURE_TGZ:-$root/.gpu/fixture-exl3.tgz}" && ls "$model"
+    ;;
+  diag)
+    stamp diag
+    timeout 280 python3 "$root/tools/exl3-cpu-offload-check.py" --model "$model" --diag --timeout 120 \
+      >"$out/diag.json" 2>"$out/diag.err"; echo "diag rc=$?"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d.get("diag",{}).get("verdict")))' "$out/diag.json"
+    ;;
+  check)
+    stamp check
+    timeout ${CHECK_TIMEOUT:-420} python3 "$root/tools/exl3-cpu-offload-check.py" --model "$model" \
+      --modes "${MODES:-split:8,split:8:static,offload:4}" ${CHECK_ARGS:-} --timeout 150 >"$out/check.json" 2>"$out/check.err"
+    echo "check rc=$?"; python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({"modes": {k: {x: v.get(x) for x in ("ok","rc","signal","tok_s")} for k, v in d["modes"].items()}, "compare": d.get("compare")}, indent=1))' "$out/check.json"
+    ;;
+  serve)
+    stamp serve
+    glm53 model lock --model-dir "$model" --repo local/glm53-tiny-exl3 --force >"$out/lock.log" 2>&1; echo "lock rc=$?"
+    export GLM53_TABBYAPI_DIR=$tabby
+    args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
+      --set EXL3_MOE_CPU_SPLIT=8 --set EXL3_MOE_CPU_THREADS=8 ${SERVE_ARGS:-})
+    glm53 "${args[@]}" --dry-run >"$out/serve-dry-run.txt" 2>&1; echo "dry-run rc=$?"; tail -3 "$out/serve-dry-run.txt"
+    glm53 "${args[@]}" >"$out/serve.log" 2>&1 &
+    server=$!
+    sleep 8
+    if ! kill -0 $server 2>/dev/null; then
+      echo "serve stopped at once:"; tail -12 "$out/serve.log"
+      glm53 "${args[@]}" --skip-preflight >"$out/serve.log" 2>&1 &
+      server=$!
+    fi
+    for _ in $(seq 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
+    stamp "health: $(curl -s http://127.0.0.1:8011/health)"
+    body='{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":32,"temperature":0}'
+    curl -s http://127.0.0.1:8011/v1/chat/completions -H 'content-type: application/json' -d "$body" >"$out/chat.json"
+    echo; head -c 600 "$out/chat.json"; echo
+    curl -sN http://127.0.0.1:8011/v1/chat/completions -H 'content-type: application/json' \
+      -d "${body%\}},\"stream\":true}" >"$out/chat-stream.txt"
+    echo "stream: $(grep -c '^data:' "$out/chat-stream.txt") events, last: $(tail -c 200 "$out/chat-stream.txt" | tr '\n' ' ')"
+    timeout ${BENCH_TIMEOUT:-240} python3 -c 'import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()' bench run \
+      --base-url http://127.0.0.1:8011 --shapes "${SHAPES:-512:128,2048:128}" --runs 2 --out "$out/bench" --no-plots \
+      --json >"$out/bench.json" 2>"$out/bench.err"
+    echo "bench rc=$?"; tail -5 "$out/bench.err"
+    grep -iE "moe|cpu|worker|split|offload|avx|loaded|error" "$out/serve.log" | head -20; tail -5 "$out/serve.log"
+    kill -INT $server; wait $server; echo "server rc=$?"
+    ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done

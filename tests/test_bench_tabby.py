@@ -1,0 +1,166 @@
+"""`glm53 bench run` against TabbyAPI's protocol (the exllamav3 engine).
+
+The server here is a stand-in written from TabbyAPI's endpoint definitions at the pinned commit (TabbyAPI cannot
+run without a CUDA GPU): `GET /v1/models` with TabbyAPI's model card (`owned_by: "tabbyAPI"`, the context in
+`parameters.max_seq_len`), `POST /v1/token/encode` and `/v1/token/decode` (endpoints/core/types/token.py),
+and `POST /v1/completions` taking a text prompt only (endpoints/OAI/types/completion.py: `prompt: str | list[str]`)
+with `add_bos_token`, `ignore_eos` and `stream_options.include_usage`, streamed as TabbyAPI streams it.
+No `/tokenize` and no `/metrics`: a client that reaches for vLLM's endpoints fails here as it would on TabbyAPI.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tests.support.bench_fixtures import QuietHandler, serve_http
+from tests.support.cli import run_glm53
+
+VOCAB = 4096
+
+
+def _encode(text: str, *, add_bos: bool) -> list[int]:
+    """A word tokenizer: `w123` is token 123, any other word hashes to a token; BOS is token 1."""
+    ids = [
+        int(word[1:]) if word[:1] == "w" and word[1:].isdigit() else 2 + zlib.crc32(word.encode()) % (VOCAB - 2)
+        for word in text.split()
+    ]
+    return ([1] if add_bos else []) + ids
+
+
+def _decode(ids: list[int]) -> str:
+    return " ".join(f"w{i}" for i in ids if i != 1)
+
+
+class TabbyLike(QuietHandler):
+    prompts: ClassVar[list[dict[str, Any]]] = []
+    paths: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.paths.append(self.path)
+        if self.path == "/v1/models":
+            card = {"id": "glm53-tiny", "object": "model", "owned_by": "tabbyAPI", "parameters": {"max_seq_len": 4096}}
+            self._json(200, {"object": "list", "data": [card]})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        self.paths.append(self.path)
+        body = self._read_json()
+        if self.path == "/v1/token/encode":
+            tokens = _encode(body["text"], add_bos=body.get("add_bos_token", True))
+            self._json(200, {"tokens": tokens, "length": len(tokens)})
+        elif self.path == "/v1/token/decode":
+            self._json(200, {"text": _decode(body["tokens"])})
+        elif self.path == "/v1/completions":
+            self._complete(body)
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def _complete(self, body: dict[str, Any]) -> None:
+        if not isinstance(body.get("prompt"), str):
+            self._json(422, {"detail": "prompt: Input should be a valid string"})
+            return
+        self.prompts.append(body)
+        prompt = _encode(body["prompt"], add_bos=body.get("add_bos_token", True))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        created = int(time.time())
+        for index in range(body["max_tokens"]):
+            time.sleep(0.002)  # a decode step
+            finish = "length" if index == body["max_tokens"] - 1 else None
+            choice = {"index": 0, "text": f" w{index}", "token": index, "finish_reason": finish}
+            event = {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": created,
+                "model": "glm53-tiny",
+                "choices": [choice],
+            }
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.flush()
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": body["max_tokens"],
+            "total_tokens": len(prompt) + body["max_tokens"],
+        }
+        final = {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": created,
+            "model": "glm53-tiny",
+            "choices": [],
+            "usage": usage,
+        }
+        self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+        self.wfile.flush()
+
+
+def test_bench_run_measures_a_tabbyapi_server(tmp_path: Path) -> None:
+    TabbyLike.prompts, TabbyLike.paths = [], []
+    with serve_http(TabbyLike) as url:
+        result = run_glm53(
+            "bench",
+            "run",
+            "--base-url",
+            url,
+            "--shapes",
+            "96:12,300:8",
+            "--runs",
+            "2",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "report"),
+            "--json",
+        )
+    assert result.code == 0, result.stderr
+    report = result.json()
+    for shape in report["run"]["shapes"]:
+        assert shape["best"]["valid_runs"] == 2
+        assert all(run["prompt_tokens"] == shape["prompt_tokens"] for run in shape["runs"])
+    # TabbyAPI's own endpoints, never vLLM's /tokenize; text prompts without BOS or cache_salt.
+    assert "/v1/token/encode" in TabbyLike.paths and "/tokenize" not in TabbyLike.paths
+    assert all(p["add_bos_token"] is False and "cache_salt" not in p for p in TabbyLike.prompts)
+    assert all(p.get("ignore_eos") is True for p in TabbyLike.prompts)
+    # Two runs of one shape send different prompts of the same length: no run is served from the page cache.
+    first_shape = [p["prompt"] for p in TabbyLike.prompts if len(p["prompt"].split()) == 96]
+    assert len(first_shape) == 2 and first_shape[0] != first_shape[1]
+
+
+def test_a_prompt_that_cannot_be_made_exact_is_an_invalid_run_not_a_crash(tmp_path: Path) -> None:
+    class Lossy(TabbyLike):
+        """Decoding drops every token above 100 (as a tokenizer that drops unknown words does)."""
+
+        def do_POST(self) -> None:
+            if self.path == "/v1/token/decode":
+                body = self._read_json()
+                self._json(200, {"text": _decode([t for t in body["tokens"] if t <= 100])})
+                return
+            super().do_POST()
+
+    Lossy.prompts, Lossy.paths = [], []
+    with serve_http(Lossy) as url:
+        result = run_glm53(
+            "bench",
+            "run",
+            "--base-url",
+            url,
+            "--shapes",
+            "64:4",
+            "--runs",
+            "1",
+            "--retries",
+            "0",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "report"),
+            "--json",
+        )
+    assert result.code == 1
+    run = result.json()["run"]["shapes"][0]["runs"][0]
+    assert run["valid"] is False and "no text encodes to exactly 64 tokens" in run["invalid_reason"]
+    assert Lossy.prompts == []  # nothing was sent that would have measured another length

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt
+from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt, RigOpt
 from glm53.errors import BadInput
 from glm53.output import Output
 
@@ -56,7 +56,15 @@ def plan(
     workspace: Annotated[str | None, typer.Option("--gpu-workspace", help="Override the workspace estimate.")] = None,
     pool_threads: Annotated[int | None, typer.Option("--pool-threads", min=0, help="Cap on CPU pool threads.")] = None,
     bandwidth: Annotated[Path | None, typer.Option("--bandwidth", help="`glm53 probe --json` output.")] = None,
-    learn_fraction: Annotated[float, typer.Option("--learn-fraction", help="Trace share to learn from.")] = 0.8,
+    learn_fraction: Annotated[
+        float | None,
+        typer.Option(
+            "--learn-fraction",
+            help="Trace share to learn from [vLLM plan: 0.8; exllamav3: 0.5, static vs dynamic placement].",
+            show_default=False,
+        ),
+    ] = None,
+    rig: RigOpt = None,
     host_root: Annotated[
         Path, typer.Option("--host-root", help="Read /proc and /sys under this root.", hidden=True)
     ] = Path("/"),
@@ -64,13 +72,55 @@ def plan(
     out: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.env and rankings here.")] = None,
     json_mode: JsonOpt = False,
 ) -> None:
-    """Plan for this host (or the GPUs given).
+    """Plan for this host (or the GPUs given, or a described --rig).
 
     Model facts come from --model-dir, else the published ones. Profile values come from the flags, else from
-    --profile, else the recipe's.
+    --profile, else the recipe's. An exllamav3 profile (exl3-*) gets the ExLlamaV3 plan: the layer split over
+    the GPUs, the routed experts on the CPU (split or whole-layer offload), the host RAM and the predicted
+    decode rate; with a routing trace, static against dynamic expert placement.
+
+    Examples:
+      glm53 plan --gpu-memory 24GiB,24GiB
+      glm53 plan --profile exl3-2x3090 --rig recipe-2x3090
+      glm53 plan --profile exl3-1gpu --rig one-3090 --stats routing.jsonl --out plan/
     """
     if ctx.invoked_subcommand is not None:
         return
+    if profile is not None and _engine(profile) == "exllamav3":
+        vllm_only = {
+            "--tp": tp,
+            "--kv-cache-memory": kv_cache_memory,
+            "--gpu-memory-utilization": utilization,
+            "--max-num-batched-tokens": batched,
+            "--gpu-workspace": workspace,
+            "--bandwidth": bandwidth,
+        }
+        given = [flag for flag, value in vllm_only.items() if value is not None]
+        if given:
+            raise BadInput(
+                f"{', '.join(given)}: vLLM plan options; profile {profile} runs on exllamav3",
+                hint="see `glm53 plan --help`; the ExLlamaV3 plan takes --rig, --gpu-memory, --max-model-len, "
+                "--max-num-seqs, --pool-threads, --stats, --out",
+            )
+        _plan_exl3(
+            profile,
+            model_dir=model_dir,
+            rig=rig,
+            stats=stats,
+            gpus=(gpu_memory, gpus, gpu),
+            overrides={"max_model_len": max_model_len, "max_num_seqs": seqs, "pool_threads": pool_threads},
+            learn_fraction=learn_fraction,
+            host_root=host_root,
+            env=env,
+            out=out,
+            json_mode=json_mode,
+        )
+        return
+    if rig is not None:
+        raise BadInput(
+            "--rig plans exllamav3 profiles (e.g. --profile exl3-2x3090)",
+            hint="plan the vLLM profile for other GPUs with --gpu-memory 24GiB,24GiB",
+        )
     from glm53.plan.env import env_lines, save_plan
     from glm53.plan.planner import plan_for_host
     from glm53.plan.render import render_plan
@@ -103,7 +153,7 @@ def plan(
             gpus=gpus_from_sizes(gpu_memory, gpus, gpu),
             bandwidth_path=bandwidth,
             root=host_root,
-            learn_fraction=learn_fraction,
+            learn_fraction=0.8 if learn_fraction is None else learn_fraction,
         ),
         out,
     )
@@ -115,6 +165,68 @@ def plan(
         typer.echo(env_lines(saved.env), nl=False)
         return
     output.result(saved.plan, lambda console: render_plan(saved.plan, console, saved.env))
+
+
+def _engine(profile: str) -> str:
+    from glm53.serve.profiles import load_profile
+
+    return load_profile(profile).engine
+
+
+def _plan_exl3(
+    profile: str,
+    *,
+    model_dir: Path | None,
+    rig: str | None,
+    stats: Path | None,
+    gpus: tuple[str | None, int | None, str | None],
+    overrides: dict[str, int | None],
+    learn_fraction: float | None,
+    host_root: Path,
+    env: bool,
+    out: Path | None,
+    json_mode: bool,
+) -> None:
+    """`glm53 plan --profile exl3-*`: the ExLlamaV3 planner, its tables and files."""
+    from glm53.host.rig import load_rig
+    from glm53.plan.checkpoint_facts import model_facts
+    from glm53.plan.env import check_out_dir, env_lines
+    from glm53.plan.exl3 import plan_exl3_for_host
+    from glm53.plan.exl3_save import PLACEMENT_LEARN_FRACTION, finish_exl3_plan
+    from glm53.plan.render import render_exl3_plan
+    from glm53.plan.sizes import gpus_from_sizes
+    from glm53.plan.traces import read_routing_stats
+    from glm53.serve.profiles import load_profile
+
+    output = Output(json_mode=json_mode)
+    if env and json_mode:
+        raise BadInput("--env and --json both print to stdout: choose one")
+    if out is not None:
+        check_out_dir(out)
+    described = load_rig(rig) if rig is not None else None
+    given_gpus = gpus_from_sizes(*gpus)
+    routing = read_routing_stats(stats) if stats is not None else None
+    model = model_facts(model_dir)
+    plan = plan_exl3_for_host(
+        load_profile(profile),
+        model_dir=model_dir,
+        root=host_root,
+        rig=described,
+        stats=routing,
+        gpus=given_gpus,
+        shape_overrides=overrides,
+        model=model,
+    )
+    fraction = PLACEMENT_LEARN_FRACTION if learn_fraction is None else learn_fraction
+    saved = finish_exl3_plan(plan, model, routing, out, learn_fraction=fraction)
+    if saved.files:
+        output.info(f"wrote {', '.join(str(path) for path in saved.files)}")
+    if saved.plan.placement is not None:
+        output.info(f"placement: {saved.plan.placement.verdict}")
+    if env:
+        typer.echo(env_lines(saved.plan.env), nl=False)
+        return
+    output.result(saved.plan, lambda console: render_exl3_plan(saved.plan, console))
 
 
 @plan_app.command("simulate")

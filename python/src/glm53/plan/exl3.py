@@ -6,11 +6,14 @@ how much RAM that takes, and the decode rate to expect.
 ExLlamaV3 1.4.6 (`exllamav3/model/model_ls.py`, `_load_autosplit`) loads modules in order onto the first GPU
 until torch's memory fraction for that device (TabbyAPI's `gpu_split`, GiB per device) is reached, then moves
 to the next. Everything torch allocates counts against that fraction: the weights, the KV cache and recurrent
-state attached to each layer, the measuring forward's activations. The CUDA context does not (it is outside
-torch's allocator). So the ledger per GPU is
+state attached to each layer, the measuring forward's activations, and the caching allocator's fragmentation
+(the cap is on reserved memory). The CUDA context does not (it is outside torch's allocator). ExLlamaV3 turns
+gpu_split into bytes as int(GiB x 1024**3), so the planner floors each value to the 0.01 GiB it writes and plans
+against exactly that. So the ledger per GPU is
 
-    budget (gpu_split) = memory - used by others - CUDA context - headroom
-    budget >= non-expert weights + resident experts + DSA KV cache + KDA state of its layers + scratch
+    gpu_split = floor_0.01GiB(memory - used by others - CUDA context - headroom)      the torch cap
+    budget    = gpu_split - allocator slack
+    budget   >= non-expert weights + resident experts + DSA KV cache + KDA state of its layers + scratch
 
 What does not fit goes to the CPU worker (`exllamav3/modules/block_sparse_mlp_cpu.py`), in one of two modes:
 
@@ -102,7 +105,9 @@ class Exl3GpuLedger(BaseModel):
     used_by_others_bytes: int
     cuda_context_bytes: int
     headroom_bytes: int
-    budget_bytes: int  # what torch may allocate here: TabbyAPI's gpu_split for this device
+    gpu_split_bytes: int  # torch's cap here: TabbyAPI's gpu_split for this device, as ExLlamaV3 reads it
+    allocator_slack_bytes: int  # inside the cap, left to the caching allocator's fragmentation
+    budget_bytes: int  # what the ledger below may fill: gpu_split - allocator slack
     layers: list[int]  # decoder layers placed here, in order
     non_expert_bytes: int
     expert_bytes: int
@@ -144,6 +149,20 @@ class Exl3Prediction(BaseModel):
     cpu_share_source: str
 
 
+class PlacementComparison(BaseModel):
+    """CPU share of routed selections on the held-out part of a trace, for each placement of k experts per layer."""
+
+    split_experts: int
+    learn_steps: int
+    scored_steps: int
+    static_cpu_share: float  # the coldest k of the learning part on the CPU, never moved
+    dynamic_cpu_share: float  # ExLlamaV3's swap sweeps from the tail start, over the whole trace
+    uniform_cpu_share: float  # k / E
+    swaps: int
+    winner: Literal["static", "dynamic"]
+    verdict: str
+
+
 class Exl3Plan(BaseModel):
     engine: Literal["exllamav3"] = "exllamav3"
     model: str
@@ -163,6 +182,9 @@ class Exl3Plan(BaseModel):
     env: dict[str, str]
     origins: dict[str, str]
     warnings: list[str]
+    # With a routing trace: static placement learned on its first half against dynamic placement.
+    placement: PlacementComparison | None = None
+    split_stats_file: str | None = None  # EXL3_MOE_CPU_SPLIT_STATS written beside the plan
 
 
 def parse_cache_mode(value: str) -> tuple[int, int]:
@@ -327,6 +349,8 @@ def _place(
                 used_by_others_bytes=gpu.used_bytes,
                 cuda_context_bytes=CUDA_CONTEXT_BYTES,
                 headroom_bytes=HEADROOM_BYTES,
+                gpu_split_bytes=budget + ALLOCATOR_SLACK_BYTES,
+                allocator_slack_bytes=ALLOCATOR_SLACK_BYTES,
                 budget_bytes=budget,
                 layers=placed,
                 non_expert_bytes=sums["non_expert"],
@@ -342,8 +366,16 @@ def _place(
     return ledgers if layer >= model.num_hidden_layers else None
 
 
+def gpu_split_gib(gpu: GpuSpec) -> str:
+    """TabbyAPI's gpu_split value for this GPU: what torch may reserve, in GiB floored to 2 decimals."""
+    hundredths = max(0, gpu.total_bytes - gpu.used_bytes - CUDA_CONTEXT_BYTES - HEADROOM_BYTES) * 100 // GIB
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
+
+
 def gpu_budget(gpu: GpuSpec) -> int:
-    return gpu.total_bytes - gpu.used_bytes - CUDA_CONTEXT_BYTES - HEADROOM_BYTES - ALLOCATOR_SLACK_BYTES
+    """Bytes the ledger may fill on this GPU: the gpu_split cap exactly as ExLlamaV3 converts it
+    (`int(x * 1024**3)`, model.py), less the allocator's slack."""
+    return int(float(gpu_split_gib(gpu)) * 1024**3) - ALLOCATOR_SLACK_BYTES
 
 
 def _split_counts(model: ModelFacts, k: int, layers: int) -> dict[int, int]:
@@ -404,6 +436,8 @@ def plan_exl3(
 ) -> Exl3Plan:
     """The layer split, the CPU expert offload and the host RAM for serving `model` with ExLlamaV3."""
     warnings: list[str] = []
+    if counts is not None:
+        check_counts(model, counts)
     if len(gpus) < shape.gpus:
         raise Infeasible(
             f"the profile splits the layers over {shape.gpus} GPUs, {len(gpus)} found ({gpu_source})",
@@ -427,9 +461,9 @@ def plan_exl3(
     for gpu, budget in zip(gpus, budgets, strict=False):
         if budget <= 0:
             raise Infeasible(
-                f"GPU {gpu.index} ({gpu.name}) has {gpu.total_bytes - gpu.used_bytes:,} bytes free, "
-                f"less than the CUDA context, slack and headroom "
-                f"({CUDA_CONTEXT_BYTES + HEADROOM_BYTES + ALLOCATOR_SLACK_BYTES:,})",
+                f"GPU {gpu.index} ({gpu.name}) has {(gpu.total_bytes - gpu.used_bytes) / GIB:.2f} GiB free, "
+                f"not more than the CUDA context, slack and headroom "
+                f"({(CUDA_CONTEXT_BYTES + HEADROOM_BYTES + ALLOCATOR_SLACK_BYTES) / GIB:.2f} GiB)",
                 constraint="gpu memory",
                 fix="free the GPU (nvidia-smi shows what holds it) or leave it out with GPUS",
             )
@@ -491,15 +525,20 @@ def plan_exl3(
             constraint="gpu memory",
             fix="lower MAX_MODEL_LEN or MAX_NUM_SEQS, use a quantized CACHE_MODE (Q8), or add a GPU",
         )
-    predictions = [predict(model, gpus, shape, mode, cpu, counts) for mode, cpu, _, _ in candidates]
-    best = max(range(len(candidates)), key=lambda i: predictions[i].tokens_per_s)
-    mode, cpu_experts, ledgers, offload = candidates[best]
-    cpu_count = sum(cpu_experts.values())
-    cpu_bytes = cpu_count * model.expert_bytes
     budget, source = host_budget
-    worker = WORKER_OVERHEAD_BYTES if cpu_count else 0
-    needed = cpu_bytes + worker + SERVER_OVERHEAD_BYTES
-    if needed > budget:
+
+    def host_need(cpu: dict[int, int]) -> tuple[int, int, int]:
+        """(expert bytes, worker overhead, all the RAM the engine needs) with these experts on the CPU."""
+        experts = sum(cpu.values()) * model.expert_bytes
+        worker = WORKER_OVERHEAD_BYTES if experts else 0
+        return experts, worker, experts + worker + SERVER_OVERHEAD_BYTES
+
+    # A mode is a candidate only if its experts also fit in RAM: the faster mode may hold more of them
+    # (whole-layer offload moves experts in steps of a layer).
+    fitting = [c for c in candidates if host_need(c[1])[2] <= budget]
+    if not fitting:
+        _, cpu_least, _, _ = min(candidates, key=lambda c: host_need(c[1])[2])
+        cpu_bytes, worker, needed = host_need(cpu_least)
         ram = -(-(needed + shape.host_reserve_bytes) // (8 * GIB)) * 8
         raise Infeasible(
             f"the CPU worker holds {cpu_bytes / GIB:.2f} GiB of experts; with the worker and server "
@@ -508,6 +547,17 @@ def plan_exl3(
             constraint="host memory",
             fix=f"a host with at least {ram} GiB of RAM, or more GPU memory",
         )
+    for mode_dropped, cpu_dropped, _, _ in candidates:
+        if host_need(cpu_dropped)[2] > budget:
+            warnings.append(
+                f"{mode_dropped} mode would need {host_need(cpu_dropped)[2] / GIB:.2f} GiB of RAM, over the "
+                f"budget of {budget / GIB:.2f} GiB: not considered"
+            )
+    predictions = [predict(model, gpus, shape, mode, cpu, counts) for mode, cpu, _, _ in fitting]
+    best = max(range(len(fitting)), key=lambda i: predictions[i].tokens_per_s)
+    mode, cpu_experts, ledgers, offload = fitting[best]
+    cpu_count = sum(cpu_experts.values())
+    cpu_bytes, worker, needed = host_need(cpu_experts)
     threads = len(cpu_pool) or 1
     if shape.pool_threads is not None:
         threads = min(threads, shape.pool_threads)
@@ -518,8 +568,11 @@ def plan_exl3(
         env[key] = value
         origins[key] = why
 
-    split = [math.floor(b / GIB * 100) / 100 for b in budgets]
-    put("GPU_SPLIT", ",".join(f"{v:g}" for v in split), "per-GPU budget: memory - used - CUDA context - headroom")
+    put(
+        "GPU_SPLIT",
+        ",".join(gpu_split_gib(gpu) for gpu in gpus[: shape.gpus]),
+        "per-GPU torch cap: memory - used - CUDA context - headroom, floored to 0.01 GiB",
+    )
     put("CACHE_SIZE", str(cache_size), f"MAX_MODEL_LEN x MAX_NUM_SEQS, in pages of {CACHE_PAGE}")
     if mode == "split":
         put("EXL3_MOE_CPU_SPLIT", str(offload.split_experts), "fewest CPU experts per layer that fit")
@@ -574,19 +627,6 @@ SWAP_FLOOR = 8.0
 SWAP_MAX = 64
 
 
-class PlacementComparison(BaseModel):
-    """CPU share of routed selections on the held-out part of a trace, for each placement of k experts per layer."""
-
-    split_experts: int
-    learn_steps: int
-    scored_steps: int
-    static_cpu_share: float  # the coldest k of the learning part on the CPU, never moved
-    dynamic_cpu_share: float  # ExLlamaV3's swap sweeps from the tail start, over the whole trace
-    uniform_cpu_share: float  # k / E
-    swaps: int
-    verdict: str
-
-
 def dynamic_cpu_selections(
     routes: NDArray[np.int16],
     experts: int,
@@ -602,7 +642,13 @@ def dynamic_cpu_selections(
     routes[step, layer, rank]. As in 1.4.6: the tail k router ids start on the CPU; counts accumulate per
     expert; every `interval` steps each layer in turn swaps its hottest CPU expert with its coldest GPU expert
     while hot >= max(hysteresis x max(cold, 1), floor x mean count), at most `max_swaps` swaps per sweep over
-    all layers; then every count is halved."""
+    all layers; a layer's counts are halved after its turn. Once the sweep's swaps are spent, the layers after
+    it get no turn, and keep their counts undecayed (`run_pending_swap_sweeps` stops walking the registry).
+
+    1.4.6 sweeps when the generator's queue drains after `interval` steps (inline only after 4 x interval):
+    this replays a generation boundary at least every `interval` steps, the most dynamic placement can do.
+    The floor makes a swap impossible when top_k / experts > 1 / floor: an expert's count is at most the
+    (decayed) number of steps, the floor is floor x top_k / experts times that."""
     steps, layers, _ = routes.shape
     on_cpu = np.zeros((layers, experts), dtype=bool)
     on_cpu[:, experts - k :] = True
@@ -620,7 +666,7 @@ def dynamic_cpu_selections(
         budget = max_swaps
         for layer in range(layers):
             if budget <= 0:
-                break
+                break  # this layer and the rest keep their counts (no turn, no decay)
             counts = hist[layer]
             threshold_floor = floor * counts.sum() / experts
             head = sorted((counts[e], e) for e in np.flatnonzero(~on_cpu[layer]))
@@ -631,8 +677,15 @@ def dynamic_cpu_selections(
                 on_cpu[layer, cold_id], on_cpu[layer, hot_id] = True, False
                 budget -= 1
                 swaps += 1
-        hist *= 0.5
+            hist[layer] *= 0.5
     return cpu_hits, swaps
+
+
+def static_cpu_experts(counts: Sequence[float] | NDArray[np.float64], k: int) -> list[int]:
+    """The k experts ExLlamaV3 puts on the CPU from a stats file: it orders experts hottest first (a stable
+    sort on -count, `load_cpu_split`) and takes the tail, so among equal counts the higher ids go."""
+    order = sorted(range(len(counts)), key=lambda e: -float(counts[e]))
+    return order[len(counts) - k :]
 
 
 def compare_placements(trace: RoutingTrace, k: int, learn_fraction: float = 0.5) -> PlacementComparison:
@@ -645,15 +698,15 @@ def compare_placements(trace: RoutingTrace, k: int, learn_fraction: float = 0.5)
     selections = score.steps * len(trace.layers) * trace.top_k
     static_hits = 0
     for index in range(len(trace.layers)):
-        cold = np.argsort(counts[index], kind="stable")[:k]
         mask = np.zeros(trace.experts, dtype=bool)
-        mask[cold] = True
+        mask[static_cpu_experts(counts[index], k)] = True
         static_hits += int(mask[score.routes[:, index, :]].sum())
     dynamic, swaps = dynamic_cpu_selections(trace.routes, trace.experts, k)
     dynamic_share = float(dynamic[learn.steps :].sum()) / selections
     static_share = static_hits / selections
     uniform = k / trace.experts
-    if static_share < dynamic_share - 0.005:
+    winner: Literal["static", "dynamic"] = "static" if static_share < dynamic_share - 0.005 else "dynamic"
+    if winner == "static":
         verdict = (
             f"static placement puts {static_share:.1%} of selections on the CPU against dynamic's "
             f"{dynamic_share:.1%}: write the stats file and set EXL3_MOE_CPU_SWAP=0"
@@ -671,8 +724,26 @@ def compare_placements(trace: RoutingTrace, k: int, learn_fraction: float = 0.5)
         dynamic_cpu_share=round(dynamic_share, 4),
         uniform_cpu_share=round(uniform, 4),
         swaps=swaps,
+        winner=winner,
         verdict=verdict,
     )
+
+
+def check_counts(model: ModelFacts, counts: dict[int, Sequence[float]]) -> None:
+    """Routing statistics fit the model: every layer a MoE layer, one count per routed expert."""
+    moe = set(model.moe_layers)
+    for layer, row in counts.items():
+        if layer not in moe:
+            raise BadInput(
+                f"routing statistics name layer {layer}, not a MoE layer of {model.name} "
+                f"({model.moe_layers[0]}-{model.moe_layers[-1]})",
+                hint="collect the statistics on this model",
+            )
+        if len(row) != model.n_routed_experts:
+            raise BadInput(
+                f"routing statistics for layer {layer} have {len(row)} experts, the model {model.n_routed_experts}",
+                hint="collect the statistics on this model",
+            )
 
 
 def split_stats(
@@ -682,17 +753,11 @@ def split_stats(
     as `architecture/glm5_next.py` names it), one count per expert; the loader puts the coldest in the CPU tail
     (`block_sparse_mlp_cpu.py`, load_cpu_split)."""
     stats: dict[str, list[float]] = {}
+    check_counts(model, counts)
     for layer in model.moe_layers:
         layer_counts = counts.get(layer)
-        if layer_counts is None:
-            continue
-        if len(layer_counts) != model.n_routed_experts:
-            raise BadInput(
-                f"routing statistics for layer {layer} have {len(layer_counts)} experts, "
-                f"the model {model.n_routed_experts}",
-                hint="collect the statistics on this model",
-            )
-        stats[f"{key_prefix}.layers.{layer}.mlp"] = [float(c) for c in layer_counts]
+        if layer_counts is not None:
+            stats[f"{key_prefix}.layers.{layer}.mlp"] = [float(c) for c in layer_counts]
     return stats
 
 
@@ -705,10 +770,12 @@ __all__ = [
     "Exl3Prediction",
     "Exl3Shape",
     "PlacementComparison",
+    "check_counts",
     "compare_placements",
     "counts_by_layer",
     "dynamic_cpu_selections",
     "gpu_budget",
+    "gpu_split_gib",
     "kv_bytes_per_token",
     "parse_cache_mode",
     "plan_exl3",
@@ -716,6 +783,7 @@ __all__ = [
     "predict",
     "shape_from_exl3_profile",
     "split_stats",
+    "static_cpu_experts",
 ]
 
 
@@ -756,11 +824,16 @@ def plan_exl3_for_host(
     root: Path = Path("/"),
     rig: Rig | None = None,
     stats_path: Path | None = None,
+    stats: RoutingTrace | RoutingCounts | None = None,
     gpus: list[GpuSpec] | None = None,
     mode: ModeChoice = "auto",
     host_memory_bandwidth: float | None = None,
+    shape_overrides: dict[str, Any] | None = None,
+    model: ModelFacts | None = None,
 ) -> Exl3Plan:
-    """Read the facts (this machine under `root`, or a described rig) and the files named, then plan."""
+    """Read the facts (this machine under `root`, or a described rig) and the files named, then plan.
+    Routing statistics come read (`stats`) or from `stats_path`; `shape_overrides` go over the profile's values
+    (Exl3Shape fields, None = the profile's)."""
     from glm53.host.facts import read_host_facts
     from glm53.host.memory import HostMemory
     from glm53.host.rig import rig_topology
@@ -803,7 +876,7 @@ def plan_exl3_for_host(
         memory = host.require_memory()
         topology = host.require_topology()
         gpu_source = "this host"
-    overrides: dict[str, Any] = {"mode": mode}
+    overrides: dict[str, Any] = {**(shape_overrides or {}), "mode": mode}
     if bandwidth:
         overrides["host_memory_bandwidth"] = bandwidth
         overrides["host_bandwidth_source"] = bandwidth_source
@@ -811,9 +884,11 @@ def plan_exl3_for_host(
     budget = host_budget(memory, shape.host_reserve_bytes)
     cpu_sets = plan_cpu_sets(topology, 1)
     pool = list(cpu_sets.pools[0]) if cpu_sets.pools else []
-    counts = counts_by_layer(read_routing_stats(stats_path)) if stats_path is not None else None
+    if stats is None and stats_path is not None:
+        stats = read_routing_stats(stats_path)
+    counts = counts_by_layer(stats) if stats is not None else None
     return plan_exl3(
-        model_facts(model_dir),
+        model if model is not None else model_facts(model_dir),
         found,
         shape,
         host_budget=budget,

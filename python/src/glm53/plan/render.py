@@ -12,6 +12,7 @@ from glm53.host.topology import format_cpu_list
 from glm53.plan.cache_plan import LayerCache
 from glm53.plan.comparison import ComparisonReport
 from glm53.plan.cost_model import ProbeReport
+from glm53.plan.exl3 import Exl3Plan
 from glm53.plan.planner import Plan
 from glm53.plan.traces import SyntheticTraceSpec
 
@@ -20,6 +21,89 @@ GIB = 1 << 30
 
 def _gib(value: float) -> str:
     return f"{value / GIB:,.2f} GiB"
+
+
+def _layer_runs(layers: list[int]) -> str:
+    """Layer ids as runs: 0-23, or 0-3,7."""
+    return format_cpu_list(layers) or "-"
+
+
+def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
+    """The ExLlamaV3 plan: per-GPU ledger, host ledger, offload decision, predicted rate, warnings, env."""
+    shape = plan.shape
+    console.print(f"[bold]ExLlamaV3 plan[/bold] for {plan.model} ({plan.model_source})")
+    console.print(
+        f"layer split over {shape.gpus} GPU(s), context {shape.max_model_len:,}, {shape.max_num_seqs} "
+        f"sequence(s), cache {plan.cache_size:,} tokens x {plan.kv_bytes_per_token:,} B "
+        f"(CACHE_MODE {shape.cache_bits[0]},{shape.cache_bits[1]} bits), chunk {shape.chunk_size:,}"
+    )
+    gpus = Table(title="GPU ledger (layer split, in layer order)", title_justify="left")
+    gpus.add_column("item")
+    for gpu in plan.gpus:
+        gpus.add_column(f"GPU {gpu.index} {gpu.name}", justify="right")
+    gpus.add_row("layers", *(_layer_runs(g.layers) for g in plan.gpus))
+    rows = [
+        ("total", [g.total_bytes for g in plan.gpus]),
+        ("used by others", [g.used_by_others_bytes for g in plan.gpus]),
+        ("CUDA context (outside torch)", [g.cuda_context_bytes for g in plan.gpus]),
+        ("headroom", [g.headroom_bytes for g in plan.gpus]),
+        ("GPU_SPLIT (torch's cap)", [g.gpu_split_bytes for g in plan.gpus]),
+        ("allocator slack", [g.allocator_slack_bytes for g in plan.gpus]),
+        ("budget", [g.budget_bytes for g in plan.gpus]),
+        ("non-expert weights", [g.non_expert_bytes for g in plan.gpus]),
+        ("experts resident", [g.expert_bytes for g in plan.gpus]),
+        ("KV cache (DSA layers)", [g.kv_cache_bytes for g in plan.gpus]),
+        ("recurrent state (KDA layers)", [g.recurrent_state_bytes for g in plan.gpus]),
+        ("scratch (one chunk)", [g.scratch_bytes for g in plan.gpus]),
+        ("free", [g.free_bytes for g in plan.gpus]),
+    ]
+    for label, values in rows:
+        gpus.add_row(label, *(_gib(v) for v in values))
+    gpus.add_row("routed experts resident", *(f"{g.resident_experts:,}" for g in plan.gpus))
+    console.print(gpus)
+
+    host = plan.host
+    table = Table(title="Host memory ledger", title_justify="left")
+    table.add_column("item")
+    table.add_column("size", justify="right")
+    table.add_column("note")
+    table.add_row("budget", _gib(host.budget_bytes), host.budget_source)
+    table.add_row("experts on the CPU", _gib(host.cpu_expert_bytes), f"{host.cpu_experts:,} routed experts")
+    table.add_row("CPU worker", _gib(host.worker_overhead_bytes), "job ring, scratch, interpreter")
+    table.add_row("server", _gib(host.server_overhead_bytes), "TabbyAPI, torch, CUDA host allocations")
+    table.add_row("free", _gib(host.free_bytes), "")
+    console.print(table)
+
+    offload = plan.offload
+    console.print(f"[bold]offload:[/bold] {offload.mode}: {offload.reason}")
+    prediction = plan.prediction
+    line = (
+        f"[bold]predicted decode:[/bold] {prediction.tokens_per_s:g} tok/s ({prediction.mode}; "
+        f"{prediction.cpu_share:.1%} of selections on the CPU, {prediction.cpu_share_source})"
+    )
+    others = "; ".join(f"{p.mode} {p.tokens_per_s:g} tok/s" for p in plan.alternatives)
+    console.print(line + (f"; the alternative: {others}" if others else ""))
+    if plan.placement is not None:
+        placement = plan.placement
+        console.print(
+            f"[bold]placement[/bold] ({placement.split_experts} experts a layer on the CPU, scored on "
+            f"{placement.scored_steps:,} steps): static {placement.static_cpu_share:.1%}, dynamic "
+            f"{placement.dynamic_cpu_share:.1%} ({placement.swaps:,} swaps), uniform "
+            f"{placement.uniform_cpu_share:.1%}: {placement.verdict}"
+        )
+    console.print(
+        f"CPU worker: {plan.threads} thread(s) on {format_cpu_list(plan.cpu_pool) or '-'}; "
+        f"server on {format_cpu_list(plan.main_cpus) or '-'}"
+    )
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    table = Table(title="Environment (glm53 serve --plan-env)", title_justify="left")
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("why")
+    for key, value in plan.env.items():
+        table.add_row(key, value, plan.origins.get(key, ""))
+    console.print(table)
 
 
 def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None) -> None:

@@ -1,0 +1,71 @@
+"""The ExLlamaV3 plan with its routing statistics applied, and its files (`glm53 plan --profile exl3-* --out DIR`).
+
+    finish_exl3_plan(plan, model, stats, out_dir) -> SavedExl3Plan     writes only under out_dir, when given
+
+    DIR/plan.json               the Exl3Plan (`--json` prints the same)
+    DIR/plan.env                its env keys as KEY=VALUE lines: `glm53 serve --plan-env DIR/plan.env`
+    DIR/exl3-split-stats.json   ExLlamaV3's EXL3_MOE_CPU_SPLIT_STATS file (only with routing statistics)
+
+With a routing trace and a split plan, static placement (learned on the trace's first half) is compared with
+ExLlamaV3's dynamic placement on the second half; when static wins and the stats file is written, plan.env
+turns dynamic placement off (EXL3_MOE_CPU_SWAP=0) and names the file (EXL3_MOE_CPU_SPLIT_STATS). Files are
+replaced atomically, as `glm53 plan --out` does for the vLLM plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from glm53.fsutil import atomic_write_json, atomic_write_text
+from glm53.plan.checkpoint_facts import ModelFacts
+from glm53.plan.env import env_lines, make_out_dir
+from glm53.plan.exl3 import Exl3Plan, compare_placements, counts_by_layer, split_stats
+from glm53.plan.finite import require_finite
+from glm53.plan.traces import RoutingCounts, RoutingTrace
+
+SPLIT_STATS_FILENAME = "exl3-split-stats.json"
+PLACEMENT_LEARN_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class SavedExl3Plan:
+    plan: Exl3Plan
+    files: tuple[Path, ...]  # plan.json, plan.env and the stats file, in that order, when written
+
+
+def finish_exl3_plan(
+    plan: Exl3Plan,
+    model: ModelFacts,
+    stats: RoutingTrace | RoutingCounts | None,
+    out_dir: Path | None,
+    *,
+    learn_fraction: float = PLACEMENT_LEARN_FRACTION,
+) -> SavedExl3Plan:
+    """Add the placement comparison (a trace and a split plan), then write the files when `out_dir` is given."""
+    updates: dict[str, object] = {}
+    if isinstance(stats, RoutingTrace) and plan.offload.mode == "split":
+        updates["placement"] = compare_placements(stats, plan.offload.split_experts, learn_fraction)
+    plan = plan.model_copy(update=updates)
+    if out_dir is None:
+        return SavedExl3Plan(plan, ())
+    make_out_dir(out_dir)
+    files: list[Path] = [out_dir / "plan.json", out_dir / "plan.env"]
+    if stats is not None:
+        stats_path = (out_dir / SPLIT_STATS_FILENAME).resolve()
+        atomic_write_json(stats_path, split_stats(model, counts_by_layer(stats)))
+        files.append(stats_path)
+        env, origins = dict(plan.env), dict(plan.origins)
+        if plan.placement is not None and plan.placement.winner == "static":
+            env["EXL3_MOE_CPU_SWAP"] = "0"
+            origins["EXL3_MOE_CPU_SWAP"] = "static placement beats dynamic on the trace's second half"
+            env["EXL3_MOE_CPU_SPLIT_STATS"] = str(stats_path)
+            origins["EXL3_MOE_CPU_SPLIT_STATS"] = "the trace's counts: the coldest experts on the CPU"
+        plan = plan.model_copy(update={"env": env, "origins": origins, "split_stats_file": str(stats_path)})
+    require_finite(plan.model_dump(mode="json"), what="the plan")
+    atomic_write_json(files[0], plan.model_dump(mode="json"))
+    atomic_write_text(files[1], env_lines(plan.env))
+    return SavedExl3Plan(plan, tuple(files))
+
+
+__all__ = ["PLACEMENT_LEARN_FRACTION", "SPLIT_STATS_FILENAME", "SavedExl3Plan", "finish_exl3_plan"]

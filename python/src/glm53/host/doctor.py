@@ -272,6 +272,15 @@ def check_platform(f: HostFacts) -> Check:
     )
 
 
+def _gpu_count_fix(found: int, need: Requirements, limits: HostLimits) -> str:
+    if need.engine == "exllamav3":  # TENSOR_PARALLEL_SIZE is a vLLM key: an exllamav3 profile refuses it
+        return f"use a profile for {found} GPU(s) (e.g. exl3-1gpu), or --set GPUS={found}"
+    return (
+        f"set TENSOR_PARALLEL_SIZE={found} only if the model fits; the recipe needs "
+        f"{limits.gpu_count}x {limits.gpu_memory_bytes // GIB} GB"
+    )
+
+
 def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[Check]:
     if not f.gpus:
         if need.gpus == 0:
@@ -295,10 +304,7 @@ def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[Che
             detail=f"{len(f.gpus)} GPU(s): "
             + ", ".join(g.name for g in f.gpus)
             + (f"; the profile needs {need.gpus}" if need.gpus else ""),
-            fix=None
-            if count_ok
-            else f"set TENSOR_PARALLEL_SIZE={len(f.gpus)} only if the model fits; the recipe needs "
-            f"{limits.gpu_count}x {limits.gpu_memory_bytes // GIB} GB",
+            fix=None if count_ok else _gpu_count_fix(len(f.gpus), need, limits),
         )
     )
     drivers = sorted({gpu.driver_version for gpu in f.gpus})

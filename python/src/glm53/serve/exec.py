@@ -88,6 +88,13 @@ def prepare_run_dir(spec: LaunchSpec, api_key: str | None) -> None:
         raise Unavailable(
             f"{directory} is not a directory of this user", hint="remove it, or set XDG_RUNTIME_DIR elsewhere"
         )
+    # Whoever owns the folder above can rename this one and put theirs in its place (/tmp/glm53-UID made first
+    # by another user): it must be this user's or root's, and so must a link to it.
+    parent = directory.parent
+    if any(entry.st_uid not in (os.getuid(), 0) for entry in (parent.lstat(), parent.stat())):
+        raise Unavailable(
+            f"{parent} belongs to another user", hint="remove it, or set XDG_RUNTIME_DIR to a private folder"
+        )
     os.chmod(directory, 0o700)
     for name, text in spec.files.items():
         atomic_write_bytes(directory / name, text.encode(), mode=0o600)
@@ -110,6 +117,12 @@ def exec_launch(
 
         env = environment_for_exec(spec, clean_environment(base), None)
         program = spec.argv[0]
+        # os.execve does not search PATH: a bare GLM53_TABBYAPI_PYTHON (python3) is looked up here.
+        if os.sep not in program:
+            found = shutil.which(program, path=env.get("PATH"))
+            if found is None:
+                raise Unavailable(f"{program} not found on PATH", hint="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python")
+            program = found
         if not Path(spec.argv[1]).is_file():
             raise Unavailable(
                 f"{spec.argv[1]} not found", hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree (docs/serve.md)"

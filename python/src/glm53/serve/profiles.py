@@ -744,6 +744,8 @@ def load_profile(
     settings: dict[str, Setting] = {}
     for setting in layered:
         settings[setting.key] = setting
+    # The engine is the profile's own: an env file, the environment or --set may not change it.
+    engine = (settings["ENGINE"].value if "ENGINE" in settings else "") or "vllm"
     for key, value, where in plan:
         if key in KEYS:
             _check_value(KEYS[key], value, where=where)
@@ -757,11 +759,10 @@ def load_profile(
                 raise unknown_key_error(line.key, where=where)
             _check_value(KEYS[line.key], line.value, where=where)
             settings[line.key] = Setting(key=line.key, value=line.value, origin="env-file", source=where)
-    engine = settings["ENGINE"].value if "ENGINE" in settings else "vllm"
     for key in KEYS:
         # The environment holds variables meant for other programs: another engine's keys are not this one's.
         spec = KEYS[key]
-        if environ is not None and key in environ and spec.role != "meta" and (engine or "vllm") in spec.engines:
+        if environ is not None and key in environ and spec.role != "meta" and engine in spec.engines:
             value = environ[key]
             _check_value(KEYS[key], value, where=f"environment variable {key}")
             settings[key] = Setting(key=key, value=value, origin="env", source="environment")
@@ -772,9 +773,9 @@ def load_profile(
         settings[key] = Setting(key=key, value=value, origin="set", source="--set")
     ordered = {spec.key: settings[spec.key] for spec in _SPECS if spec.key in settings}
     chosen = ordered.get("ENGINE")
-    if chosen is not None and chosen.origin != "profile" and chosen.value != (engine or "vllm"):
+    if chosen is not None and chosen.origin != "profile" and (chosen.value or "vllm") != engine:
         raise BadInput(
-            f"{chosen.source}: ENGINE={chosen.value} differs from profile {name}'s engine ({engine or 'vllm'})",
+            f"{chosen.source}: ENGINE={chosen.value} differs from profile {name}'s engine ({engine})",
             hint="the engine belongs to the profile: choose a profile of that engine (glm53 profile list)",
         )
     _check_engine(ordered, name)

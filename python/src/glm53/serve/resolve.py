@@ -178,6 +178,14 @@ def resolve_launch(
         return load_profile(req.profile, environ=environ, env_file=env_file, overrides=overrides, plan=plan_values)
 
     profile = layered([])
+    if req.rig is not None:  # refused here, not only where planning happens: a skipped plan would ignore it
+        if profile.engine != "exllamav3":
+            raise BadInput(
+                f"--rig plans exllamav3 profiles; {req.profile} runs on {profile.engine}",
+                hint="plan a vLLM profile for another machine with `glm53 plan --gpu-memory ...`",
+            )
+        if req.plan_env is not None:
+            raise BadInput("--rig and --plan-env both give the plan", hint="pass one of them")
     model_dir = _model_dir(req, need_model=need_model)
     plan_values: list[tuple[str, str, str]] = []
     plan: PlanInput | None = None

@@ -103,6 +103,11 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
     from glm53.serve.exec import exec_launch
     from glm53.serve.flags import check_flags
 
+    if req.rig is not None:
+        raise BadInput(
+            f"--rig {req.rig} plans another machine; a start serves this one",
+            hint="add --dry-run to see that machine's launch, or leave --rig out to plan this host",
+        )
     # Planning impossible is reported after preflight, so that one run names every problem of the host.
     launch = resolve_launch(req)
     if launch.spec.engine == "vllm":

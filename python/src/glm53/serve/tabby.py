@@ -1,6 +1,7 @@
 """Profile (+ plan) -> the TabbyAPI launch: its config.yml, the argv that starts it and the environment.
 
-Pure: nothing is read or written here (`glm53.serve.exec` writes the files and execs).
+Pure: nothing is read or written here (`glm53.serve.exec` writes the files and execs); a relative TabbyAPI path
+is made absolute against the working directory.
 
 TabbyAPI (theroyallab/tabbyAPI, pinned in repro.lock.json `engine.tabbyapi`) is started as
 `PYTHON $GLM53_TABBYAPI_DIR/main.py --config RUN_DIR/config.yml` in RUN_DIR, a private directory per port:
@@ -136,11 +137,14 @@ def render_config(profile: Profile, *, model_dir: Path | str, host: str, port: i
 
 
 def tabby_command(environ: Mapping[str, str], python: str, config_path: PurePosixPath) -> tuple[list[str], str]:
-    """The argv that starts TabbyAPI, and where its location came from."""
+    """The argv that starts TabbyAPI, and where its location came from. Relative paths are made absolute here:
+    TabbyAPI starts in its run directory, where they would name nothing."""
     directory = environ.get(TABBY_DIR_ENV)
     program = environ.get(TABBY_PYTHON_ENV) or python
+    if "/" in program:
+        program = os.path.abspath(program)
     if directory:
-        main = str(PurePosixPath(directory) / "main.py")
+        main = os.path.abspath(PurePosixPath(directory) / "main.py")
         origin = f"${TABBY_DIR_ENV}"
     else:
         main = f"${TABBY_DIR_ENV}/main.py"

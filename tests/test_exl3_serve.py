@@ -1,0 +1,597 @@
+"""The exllamav3 engine (TabbyAPI + ExLlamaV3): its profiles and their engine rules, the config.yml rendered for
+TabbyAPI and checked by a TabbyAPI schema in a child process, the dry run on the command line, and a real exec
+of a stand-in TabbyAPI tree (main.py reports what it received)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glm53.errors import BadInput
+from glm53.plan.env import PLANNED_KEYS_EXL3
+from glm53.serve.chat_template import bounded_template_path
+from glm53.serve.launch import LaunchSpec
+from glm53.serve.profiles import CONFIG_SPECS, KEYS, Profile, load_profile, parse_env_text
+from glm53.serve.tabby import build_tabby_launch, clean_environment, render_config
+from glm53.serve.tabby_check import require_tabby_config, run_check, tabby_config_check
+from tests.support.cli import run_glm53
+from tests.support.fake_nvml import FakeNvml
+
+STAND_IN = Path(__file__).parent / "fixtures" / "tabbyapi"
+EXL3_PROFILES = ("exl3-1gpu", "exl3-2x3090")
+# Values the planner would give: every empty config key of the profiles gets one.
+PLANNED = (
+    ("GPU_SPLIT", "21.5,23", "plan (test)"),
+    ("AUTOSPLIT_RESERVE", "1024,512", "plan (test)"),
+    ("CACHE_SIZE", "262144", "plan (test)"),
+    ("CPU_MOE_OFFLOAD_LAYERS", "3", "plan (test)"),
+    ("EXL3_MOE_CPU_SPLIT", "200", "plan (test)"),
+)
+
+
+def _real_tabby() -> Path | None:
+    """TabbyAPI's source tree at the pinned commit, where this machine has one (never in CI)."""
+    named = os.environ.get("GLM53_TABBYAPI_DIR")
+    if named and (Path(named) / "common" / "config_models.py").is_file():
+        return Path(named)
+    return None
+
+
+REAL_TABBY = _real_tabby()
+needs_real_tabby = pytest.mark.skipif(
+    REAL_TABBY is None, reason="no TabbyAPI source tree (set GLM53_TABBYAPI_DIR); the stand-in schema runs instead"
+)
+
+
+@pytest.fixture(autouse=True)
+def no_tabby_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GLM53_TABBYAPI_DIR", "GLM53_TABBYAPI_PYTHON", "RUNTIME_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(init_error="Driver Not Loaded"))
+
+
+def _profile_file(name: str) -> Path:
+    return Path(str(resources.files("glm53") / "data" / "profiles" / f"{name}.env"))
+
+
+def _planned(name: str = "exl3-2x3090", **kwargs: Any) -> Profile:
+    return load_profile(name, environ={}, plan=PLANNED, **kwargs)
+
+
+# ---------------------------------------------------------------- profiles
+
+
+@pytest.mark.parametrize("name", EXL3_PROFILES)
+def test_exl3_profiles_load_on_their_engine(name: str) -> None:
+    profile = load_profile(name, environ={})
+    assert profile.engine == "exllamav3" and profile.value("ENGINE") == "exllamav3"
+    assert profile.value("GPUS") == ("2" if name == "exl3-2x3090" else "1")
+    # Only keys the engine reads; no vLLM flag hides in the file.
+    assert all("exllamav3" in KEYS[key].engines for key in profile.settings)
+    # The JSON-string sentence the recipe injects at the thinking budget.
+    assert json.loads(profile.value("REASONING_BUDGET_MESSAGE")).startswith("\n\nI have thought")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+@pytest.mark.parametrize("name", EXL3_PROFILES)
+def test_bash_reads_the_exl3_profiles_as_glm53_does(name: str) -> None:
+    path = _profile_file(name)
+    lines, _ = parse_env_text(path.read_text(), source=path.name)
+    script = f"set -eu; source {path}; " + "; ".join(f'printf "%s\\0" "${line.key}"' for line in lines)
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, env={"PATH": "/usr/bin:/bin"}, check=True
+    ).stdout.decode()
+    assert out.split("\0")[:-1] == [line.value for line in lines]
+    assert "REASONING_BUDGET_MESSAGE" in [line.key for line in lines]
+
+
+def test_a_vllm_key_in_an_exl3_profile_is_refused_naming_key_and_engine(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as by_set:
+        load_profile("exl3-2x3090", environ={}, overrides=[("TENSOR_PARALLEL_SIZE", "2")])
+    env_file = tmp_path / "site.env"
+    with pytest.raises(BadInput) as by_file:
+        load_profile("exl3-1gpu", environ={}, env_file=(env_file, "MAX_MODEL_LEN=65536\nTENSOR_PARALLEL_SIZE=2\n"))
+    for err in (by_set.value, by_file.value):
+        assert "TENSOR_PARALLEL_SIZE" in err.message and "vllm only" in err.message
+        assert "runs on exllamav3" in err.message and err.exit_code == 2
+    assert by_set.value.message.startswith("--set:")
+    assert by_file.value.message.startswith(f"{env_file}:2:")
+
+
+def test_an_exl3_key_in_a_vllm_profile_is_refused() -> None:
+    with pytest.raises(BadInput) as err:
+        load_profile("agent-256k", environ={}, overrides=[("CACHE_MODE", "Q4")])
+    assert "CACHE_MODE" in err.value.message and "exllamav3 only" in err.value.message
+    assert "agent-256k runs on vllm" in err.value.message
+
+
+def test_the_engine_belongs_to_the_profile(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as by_set:
+        load_profile("exl3-2x3090", environ={}, overrides=[("ENGINE", "vllm")])
+    assert "ENGINE=vllm differs from profile exl3-2x3090's engine (exllamav3)" in by_set.value.message
+    # From an env file too (a recipe .env naming the engine), and the other way round: the error is about
+    # ENGINE, not about some key of the profile that the other engine does not read.
+    env_file = tmp_path / "other.env"
+    with pytest.raises(BadInput) as by_file:
+        load_profile("exl3-1gpu", environ={}, env_file=(env_file, "ENGINE=vllm\n"))
+    assert by_file.value.message.startswith(f"{env_file}:1: ENGINE=vllm differs")
+    with pytest.raises(BadInput) as onto_vllm:
+        load_profile("agent-256k", environ={}, env_file=(env_file, "ENGINE=exllamav3\n"))
+    assert "ENGINE=exllamav3 differs from profile agent-256k's engine (vllm)" in onto_vllm.value.message
+    # Naming the profile's own engine is fine.
+    assert load_profile("exl3-1gpu", environ={}, overrides=[("ENGINE", "exllamav3")]).engine == "exllamav3"
+
+
+def test_another_engines_variables_in_the_environment_are_ignored() -> None:
+    environ = {"TENSOR_PARALLEL_SIZE": "2", "ENGINE": "vllm", "MAX_MODEL_LEN": "65536"}
+    exl3 = load_profile("exl3-2x3090", environ=environ)
+    assert "TENSOR_PARALLEL_SIZE" not in exl3.settings and exl3.engine == "exllamav3"
+    assert exl3.settings["MAX_MODEL_LEN"].origin == "env"  # shared keys still apply
+    vllm = load_profile("agent-256k", environ={"CACHE_MODE": "Q4", "EXL3_MOE_CPU_SPLIT": "9"})
+    assert "CACHE_MODE" not in vllm.settings and "EXL3_MOE_CPU_SPLIT" not in vllm.settings
+
+
+@pytest.mark.parametrize("value", ["8,6", "8, 6", "2,8", "FP16", "Q4"])
+def test_cache_mode_takes_tabbyapis_forms(value: str) -> None:
+    assert load_profile("exl3-1gpu", environ={}, overrides=[("CACHE_MODE", value)]).value("CACHE_MODE") == value
+
+
+@pytest.mark.parametrize("value", ["Q5", "9,9", "8,6,4", "fp16", "1,8"])
+def test_cache_mode_refuses_what_tabbyapi_refuses(value: str) -> None:
+    with pytest.raises(BadInput) as err:
+        load_profile("exl3-1gpu", environ={}, overrides=[("CACHE_MODE", value)])
+    assert "CACHE_MODE" in err.value.message and "two bit widths 2-8" in err.value.message
+
+
+def test_gpu_split_is_a_list_of_numbers() -> None:
+    ok = load_profile("exl3-2x3090", environ={}, overrides=[("GPU_SPLIT", "21.5, 23")])
+    assert ok.value("GPU_SPLIT") == "21.5, 23"
+    assert load_profile("exl3-2x3090", environ={}, overrides=[("GPU_SPLIT", ",".join(["1"] * 64))])
+    for bad in ("1,,2", "a", ",".join(["1"] * 65), "-1", "1e3", "21.5;23"):
+        with pytest.raises(BadInput) as err:
+            load_profile("exl3-2x3090", environ={}, overrides=[("GPU_SPLIT", bad)])
+        assert "GPU_SPLIT" in err.value.message and "comma-separated list of numbers" in err.value.message
+
+
+def test_reasoning_budget_message_must_be_json() -> None:
+    with pytest.raises(BadInput) as err:
+        load_profile("exl3-1gpu", environ={}, overrides=[("REASONING_BUDGET_MESSAGE", "Stop thinking.")])
+    assert "REASONING_BUDGET_MESSAGE" in err.value.message and "valid JSON" in err.value.message
+    quoted = load_profile("exl3-1gpu", environ={}, overrides=[("REASONING_BUDGET_MESSAGE", '"Stop."')])
+    assert quoted.settings["REASONING_BUDGET_MESSAGE"].origin == "set"
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _typed_ok(spec_kind: str, number_list: bool, value: Any) -> bool:
+    if number_list:
+        return isinstance(value, list) and all(type(item) is float for item in value)
+    return {
+        "int": lambda v: type(v) is int,
+        "bool": lambda v: type(v) is bool,
+        "str": lambda v: type(v) is str,
+        "path": lambda v: type(v) is str,
+        "json": lambda v: True,
+        "float": lambda v: type(v) is float,
+    }[spec_kind](value)
+
+
+def test_every_config_key_renders_at_its_tabbyapi_field_with_its_type() -> None:
+    profile = _planned()
+    config = render_config(profile, model_dir="/srv/models/glm53", host="127.0.0.1", port=8000, api_key=False)
+    model = config.sections["model"]
+    assert (model["model_dir"], model["model_name"]) == ("/srv/models", "glm53")
+    exl3_specs = [spec for spec in CONFIG_SPECS if "exllamav3" in spec.engines]
+    assert {spec.key for spec in exl3_specs} <= set(profile.settings)  # the test covers every key
+    for spec in exl3_specs:
+        assert spec.config is not None
+        section, field = spec.config.split(".")
+        value = config.sections[section][field]
+        assert _typed_ok(spec.kind, spec.number_list, value), (spec.key, value)
+        assert config.origins[spec.config] == profile.settings[spec.key].source
+    assert model["gpu_split"] == [21.5, 23.0] and model["autosplit_reserve"] == [1024.0, 512.0]
+    assert model["max_seq_len"] == 262144 and model["cache_size"] == 262144 and model["cpu_moe_offload_layers"] == 3
+    assert model["reasoning"] is True and model["reasoning_budget_tokens"] == 4096
+    assert model["reasoning_budget_message"] == (
+        "\n\nI have thought about this enough; I will now act on my best plan.\n"
+    )
+    template = Path(model["prompt_template"])
+    assert template.is_absolute() and template == bounded_template_path() and template.is_file()
+    assert model["cache_mode"] == "FP16" and model["tool_format"] == "glm4_5"
+    # An environment variable, not a config field: nothing of the split lands in the config.
+    assert "EXL3_MOE_CPU_SPLIT" not in json.dumps(config.sections)
+    # The text TabbyAPI reads is this JSON (YAML 1.2), nothing more.
+    assert json.loads(config.text()) == config.sections
+
+
+def test_every_rendered_field_has_an_origin() -> None:
+    config = render_config(_planned(), model_dir="/m/glm53", host="127.0.0.1", port=8000, api_key=True)
+    fields = {f"{section}.{field}" for section, values in config.sections.items() for field in values}
+    assert fields == set(config.origins)
+    assert all(origin for origin in config.origins.values())
+    assert config.origins["model.cache_size"] == "plan (test)"
+    assert config.origins["model.max_seq_len"].startswith("exl3-2x3090.env:")
+
+
+def test_gpu_split_turns_autosplit_off_only_when_set() -> None:
+    planned = render_config(_planned(), model_dir="/m/x", host="127.0.0.1", port=1, api_key=False)
+    assert planned.sections["model"]["gpu_split_auto"] is False
+    assert planned.origins["model.gpu_split_auto"] == "GPU_SPLIT (plan (test))"
+    bare = render_config(load_profile("exl3-2x3090", environ={}), model_dir="/m/x", host="::1", port=1, api_key=False)
+    assert "gpu_split" not in bare.sections["model"] and "gpu_split_auto" not in bare.sections["model"]
+    # Unset keys are TabbyAPI's defaults: absent from the file, not written empty.
+    assert "cache_size" not in bare.sections["model"] and "autosplit_reserve" not in bare.sections["model"]
+
+
+@pytest.mark.parametrize("api_key", [True, False])
+def test_auth_is_on_exactly_when_there_is_a_key(api_key: bool) -> None:
+    config = render_config(_planned(), model_dir="/m/x", host="127.0.0.1", port=8123, api_key=api_key)
+    network = config.sections["network"]
+    assert network["disable_auth"] is (not api_key)
+    assert (network["host"], network["port"]) == ("127.0.0.1", 8123)
+
+
+def test_cache_size_below_the_context_or_off_the_page_is_refused() -> None:
+    short = _planned(overrides=[("CACHE_SIZE", "131072")])  # MAX_MODEL_LEN 262144
+    with pytest.raises(BadInput, match="CACHE_SIZE=131072 is below MAX_MODEL_LEN=262144"):
+        render_config(short, model_dir="/m/x", host="127.0.0.1", port=1, api_key=False)
+    ragged = _planned(overrides=[("CACHE_SIZE", "262400")])
+    assert 262400 % 256 == 0  # a page more: fine
+    render_config(ragged, model_dir="/m/x", host="127.0.0.1", port=1, api_key=False)
+    odd = _planned(overrides=[("CACHE_SIZE", "262300")])
+    with pytest.raises(BadInput, match="not a multiple of 256"):
+        render_config(odd, model_dir="/m/x", host="127.0.0.1", port=1, api_key=False)
+
+
+def test_a_vllm_profile_is_not_rendered_for_tabbyapi() -> None:
+    with pytest.raises(BadInput, match="runs on vllm"):
+        render_config(load_profile("agent-256k", environ={}), model_dir="/m", host="127.0.0.1", port=1, api_key=False)
+
+
+def test_inherited_tabby_variables_are_dropped() -> None:
+    kept = clean_environment({"TABBY_MODEL_MAX_SEQ_LEN": "1", "TABBY_NETWORK_PORT": "9", "PATH": "/bin", "TAB": "x"})
+    assert kept == {"PATH": "/bin", "TAB": "x"}
+
+
+# ---------------------------------------------------------------- TabbyAPI's schema, in a child process
+
+
+def _launch(tree: Path, profile: Profile | None = None, *, api_key: bool = True) -> LaunchSpec:
+    return build_tabby_launch(
+        profile or _planned(),
+        model_dir="/srv/models/glm53",
+        host="127.0.0.1",
+        port=8000,
+        listen_all=False,
+        plan=None,
+        api_key=api_key,
+        environ={"GLM53_TABBYAPI_DIR": str(tree), "XDG_RUNTIME_DIR": "/run/user/1000"},
+        python=sys.executable,
+    )
+
+
+def _with_config(spec: LaunchSpec, edit: dict[str, dict[str, Any]]) -> LaunchSpec:
+    sections = json.loads(spec.files["config.yml"])
+    for section, fields in edit.items():
+        sections.setdefault(section, {}).update(fields)
+    return spec.model_copy(update={"files": {"config.yml": json.dumps(sections)}})
+
+
+def test_the_stand_in_schema_accepts_the_rendered_config() -> None:
+    spec = _launch(STAND_IN)
+    assert spec.argv == [
+        sys.executable,
+        str(STAND_IN / "main.py"),
+        "--config",
+        "/run/user/1000/glm53-tabby-8000/config.yml",
+    ]
+    assert run_check(spec) == ([], None)
+    check = tabby_config_check(spec)
+    assert check.checked and check.reason is None and str(STAND_IN) in (check.vllm_version or "")
+    assert str(STAND_IN) in require_tabby_config(spec)
+
+
+def test_an_unknown_field_is_reported_not_ignored() -> None:
+    spec = _with_config(_launch(STAND_IN), {"model": {"max_seq_length": 4096}, "sampler": {"x": 1}})
+    unknown, error = run_check(spec)
+    assert sorted(unknown) == ["model.max_seq_length", "sampler"] and error is None
+    check = tabby_config_check(spec)
+    assert not check.checked and check.reason is not None
+    assert "unknown fields: " in check.reason and "model.max_seq_length" in check.reason
+    with pytest.raises(BadInput) as err:
+        require_tabby_config(spec)
+    assert "model.max_seq_length" in err.value.message and err.value.exit_code == 2
+
+
+def test_a_value_of_the_wrong_type_is_refused_in_tabbyapis_words() -> None:
+    spec = _with_config(_launch(STAND_IN), {"model": {"max_seq_len": "lots", "cache_mode": "Q5"}})
+    unknown, error = run_check(spec)
+    assert unknown == [] and error is not None and "max_seq_len" in error and "cache_mode" in error
+    check = tabby_config_check(spec)
+    assert not check.checked and (check.reason or "").startswith("TabbyAPI refuses the config:")
+    with pytest.raises(BadInput, match="TabbyAPI refuses the config"):
+        require_tabby_config(spec)
+
+
+def test_a_tree_without_the_schema_is_unavailable(tmp_path: Path) -> None:
+    check = tabby_config_check(_launch(tmp_path))
+    assert not check.checked and "cannot load TabbyAPI's config schema" in (check.reason or "")
+    unset = _launch(STAND_IN).model_copy(update={"argv": [sys.executable, "$GLM53_TABBYAPI_DIR/main.py"]})
+    assert "GLM53_TABBYAPI_DIR" in (tabby_config_check(unset).reason or "")
+
+
+def _schema_fields(tree: Path) -> dict[str, list[str]]:
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from common.config_models import TabbyConfigModel as T; "
+        "d = T(); print(json.dumps({s: sorted(type(getattr(d, s)).model_fields) for s in T.model_fields "
+        "if hasattr(type(getattr(d, s)), 'model_fields')}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tree)], capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout))
+
+
+@needs_real_tabby
+def test_tabbyapi_at_the_pinned_commit_accepts_every_rendered_field() -> None:
+    assert REAL_TABBY is not None
+    for profile in (_planned(), _planned("exl3-1gpu", overrides=[("CACHE_SIZE", "131072")])):
+        for api_key in (True, False):
+            spec = _launch(REAL_TABBY, profile, api_key=api_key)
+            assert run_check(spec) == ([], None)
+    assert tabby_config_check(_with_config(_launch(REAL_TABBY), {"model": {"max_seq_length": 1}})).reason
+
+
+@needs_real_tabby
+def test_the_stand_in_names_only_tabbyapis_own_fields() -> None:
+    # Keeps the committed stand-in honest: each of its sections and fields exists in TabbyAPI's schema.
+    assert REAL_TABBY is not None
+    real, stand_in = _schema_fields(REAL_TABBY), _schema_fields(STAND_IN)
+    missing = [f"{s}.{f}" for s, fields in stand_in.items() for f in fields if f not in real.get(s, [])]
+    assert missing == []
+
+
+# ---------------------------------------------------------------- the dry run on the command line
+
+
+def test_dry_run_for_the_recipe_rig(monkeypatch: pytest.MonkeyPatch, no_gpu: None) -> None:
+    monkeypatch.setenv("GLM53_TABBYAPI_DIR", str(STAND_IN))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+    result = run_glm53("serve", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090", "--dry-run", "--json")
+    assert result.code == 0, result.stderr
+    shown = result.json()
+    assert shown["plan"]["source"] == "rig" and "recipe-2x3090" in shown["plan"]["detail"]
+    values = shown["values"]
+    for key in ("GPU_SPLIT", "CACHE_SIZE", "EXL3_MOE_CPU_SPLIT"):
+        assert values[key]["origin"] == "plan"
+        assert values[key]["source"].startswith("plan (rig recipe-2x3090)"), values[key]
+    launch = shown["launch"]
+    run_dir = "/run/user/4242/glm53-tabby-8000"
+    assert launch["cwd"] == run_dir and launch["engine"] == "exllamav3"
+    assert launch["argv"] == [sys.executable, f"{STAND_IN}/main.py", "--config", f"{run_dir}/config.yml"]
+    config = json.loads(launch["files"]["config.yml"])
+    assert config["model"]["gpu_split"] == [float(x) for x in values["GPU_SPLIT"]["value"].split(",")]
+    assert len(config["model"]["gpu_split"]) == 2 and config["model"]["gpu_split_auto"] is False
+    assert config["model"]["cache_size"] == int(values["CACHE_SIZE"]["value"]) >= 262144
+    assert launch["env"]["EXL3_MOE_CPU_SPLIT"] == values["EXL3_MOE_CPU_SPLIT"]["value"]
+    assert launch["origins"]["EXL3_MOE_CPU_SPLIT"].startswith("plan (rig recipe-2x3090)")
+    assert launch["origins"]["config model.gpu_split"].startswith("plan (rig recipe-2x3090)")
+    # Checked by the (stand-in) schema of the tree the start would run.
+    assert shown["flag_check"]["checked"] is True
+
+    human = run_glm53("serve", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090", "--dry-run")
+    assert human.code == 0, human.stderr
+    assert f"# {run_dir}/config.yml" in human.stdout and "host plan: planned for rig recipe-2x3090" in human.stdout
+
+
+def test_dry_run_without_a_gpu_names_the_keys_a_start_would_plan(no_gpu: None) -> None:
+    result = run_glm53("serve", "--profile", "exl3-1gpu", "--dry-run", "--json")
+    assert result.code == 0, result.stderr
+    shown = result.json()
+    assert shown["plan"]["source"] == "impossible" and shown["plan"]["keys"] == list(PLANNED_KEYS_EXL3)
+    assert "GLM53_TABBYAPI_DIR" in shown["flag_check"]["reason"]
+    assert shown["launch"]["argv"][1] == "$GLM53_TABBYAPI_DIR/main.py"
+    assert "gpu_split" not in json.loads(shown["launch"]["files"]["config.yml"])["model"]
+
+
+def test_bad_rigs_are_bad_usage(tmp_path: Path, no_gpu: None) -> None:
+    unknown = run_glm53("serve", "--profile", "exl3-2x3090", "--rig", "nope", "--dry-run", "--json")
+    assert unknown.code == 2 and "no rig named 'nope'" in unknown.stderr
+    assert "one-3090" in unknown.stderr and "recipe-2x3090" in unknown.stderr
+    for profile in ("agent-256k", "cpu-tiny"):  # cpu-tiny needs no plan: --rig must not be ignored silently
+        vllm = run_glm53("serve", "--profile", profile, "--rig", "recipe-2x3090", "--dry-run", "--json")
+        assert vllm.code == 2 and f"--rig plans exllamav3 profiles; {profile} runs on vllm" in vllm.stderr
+    plan = tmp_path / "plan.env"
+    plan.write_text("GPU_SPLIT=20\n")
+    both = run_glm53("serve", "--profile", "exl3-1gpu", "--rig", "one-3090", "--plan-env", str(plan), "--dry-run")
+    assert both.code == 2 and "--rig and --plan-env" in both.stderr
+    # A start serves this machine: another machine's plan must not be exec'd here.
+    model = tmp_path / "model"
+    model.mkdir()
+    start = run_glm53("serve", "--profile", "exl3-1gpu", "--rig", "one-3090", "--model-dir", str(model))
+    assert start.code == 2 and "plans another machine" in start.stderr
+
+
+# ---------------------------------------------------------------- a real exec of a stand-in TabbyAPI
+
+STAND_IN_MAIN = textwrap.dedent("""
+    # A stand-in for TabbyAPI's main.py: reports what it was started with, then exits with code 7.
+    import json, os, stat, sys
+    config = sys.argv[sys.argv.index("--config") + 1]
+    run = os.getcwd()
+    tokens = os.path.join(run, "api_tokens.yml")
+    report = {
+        "pid": os.getpid(),
+        "argv": sys.argv,
+        "cwd": run,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("EXL3_", "TABBY_", "HF_HUB_OFFLINE"))},
+        "config": json.load(open(config)),
+        "config_mode": stat.S_IMODE(os.stat(config).st_mode),
+        "dir_mode": stat.S_IMODE(os.stat(run).st_mode),
+        "tokens": json.load(open(tokens)) if os.path.exists(tokens) else None,
+        "tokens_mode": stat.S_IMODE(os.stat(tokens).st_mode) if os.path.exists(tokens) else None,
+    }
+    with open(os.environ["STAND_IN_REPORT"], "w") as out:
+        json.dump(report, out)
+    sys.exit(7)
+""")
+# Runs glm53's real entry point after printing this process's pid: exec keeps it.
+GLM53_MAIN = "import os, sys; print(os.getpid(), flush=True); from glm53.cli.main import main; main()"
+
+
+class _Rig:
+    """A stand-in TabbyAPI tree, a model folder, a plan, a key file and a private runtime folder."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.tabby = tmp / "tabby"
+        shutil.copytree(STAND_IN, self.tabby)
+        (self.tabby / "main.py").write_text(STAND_IN_MAIN)
+        self.model = tmp / "models" / "glm53"
+        self.model.mkdir(parents=True)
+        self.plan = tmp / "plan.env"
+        self.plan.write_text(
+            "GPU_SPLIT=20\nCACHE_SIZE=131072\nCPU_MOE_OFFLOAD_LAYERS=0\nEXL3_MOE_CPU_SPLIT=180\n"
+            "EXL3_MOE_CPU_SPLIT_LAYERS=40\nEXL3_MOE_CPU_THREADS=2\n"
+        )
+        self.key = tmp / "key"
+        self.key.write_text("sk-test-4f1c\n")
+        self.key.chmod(0o600)
+        self.xdg = tmp / "xdg"
+        self.xdg.mkdir(mode=0o700)
+        self.report = tmp / "report.json"
+        self.port = "8123"
+        self.run_dir = self.xdg / f"glm53-tabby-{self.port}"
+
+    def args(self, *, key: bool = True) -> list[str]:
+        args = ["serve", "--profile", "exl3-1gpu", "--model-dir", str(self.model), "--plan-env", str(self.plan)]
+        args += ["--port", self.port, "--skip-preflight"]
+        return [*args, "--api-key-file", str(self.key)] if key else args
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TABBY_")}
+        env.update(
+            GLM53_TABBYAPI_DIR=str(self.tabby),
+            XDG_RUNTIME_DIR=str(self.xdg),
+            STAND_IN_REPORT=str(self.report),
+            TABBY_MODEL_MAX_SEQ_LEN="1",
+        )
+        env.update(extra)
+        env.pop("RUNTIME_DIRECTORY", None)
+        return env
+
+    def start(self, *, key: bool = True, cwd: Path | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
+        self.report.unlink(missing_ok=True)
+        return subprocess.run(
+            [sys.executable, "-c", GLM53_MAIN, *self.args(key=key)],
+            env=self.env(**extra),
+            cwd=cwd or self.tmp,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def seen(self) -> dict[str, Any]:
+        return dict(json.loads(self.report.read_text()))
+
+
+def test_a_start_execs_tabbyapi_in_its_private_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = _Rig(tmp_path)
+    done = rig.start()
+    assert done.returncode == 7, done.stderr  # glm53's exit code is TabbyAPI's: it was replaced
+    seen = rig.seen()
+    assert seen["pid"] == int(done.stdout.splitlines()[0])  # the same process
+    assert seen["cwd"] == str(rig.run_dir)
+    assert seen["argv"] == [str(rig.tabby / "main.py"), "--config", str(rig.run_dir / "config.yml")]
+    # The inherited TABBY_ variable is gone; the profile's and the plan's engine variables are there.
+    assert not any(key.startswith("TABBY_") for key in seen["env"])
+    assert seen["env"]["EXL3_MOE_CPU_SPLIT"] == "180" and seen["env"]["EXL3_MOE_CPU_THREADS"] == "2"
+    assert seen["env"]["HF_HUB_OFFLINE"] == "1" and seen["env"]["EXL3_MOE_CPU_SWAP"] == "1"
+    # Private files in a private folder.
+    assert (seen["dir_mode"], seen["config_mode"], seen["tokens_mode"]) == (0o700, 0o600, 0o600)
+    # The config is the dry run's, to the byte.
+    monkeypatch.setenv("GLM53_TABBYAPI_DIR", str(rig.tabby))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(rig.xdg))
+    dry = run_glm53(*rig.args(), "--dry-run", "--json")
+    assert dry.code == 0, dry.stderr
+    launch = dry.json()["launch"]
+    assert seen["config"] == json.loads(launch["files"]["config.yml"])
+    assert (rig.run_dir / "config.yml").read_text() == launch["files"]["config.yml"]
+    assert launch["argv"] == [sys.executable, *seen["argv"]]
+    assert seen["config"]["model"]["gpu_split"] == [20.0] and seen["config"]["model"]["max_seq_len"] == 131072
+    assert seen["config"]["model"]["model_dir"] == str(rig.model.parent)
+    assert seen["config"]["network"]["disable_auth"] is False
+    # The key file holds the key and a random admin key, and neither is printed.
+    tokens = seen["tokens"]
+    assert set(tokens) == {"api_key", "admin_key"} and tokens["api_key"] == "sk-test-4f1c"
+    assert len(tokens["admin_key"]) == 64 and int(tokens["admin_key"], 16) >= 0
+    for text in (done.stdout, done.stderr, dry.stdout, dry.stderr):
+        assert tokens["admin_key"] not in text and "sk-test-4f1c" not in text
+
+    # Started again without a key: auth off, and the old key file gone.
+    again = rig.start(key=False)
+    assert again.returncode == 7, again.stderr
+    seen = rig.seen()
+    assert seen["tokens"] is None and not (rig.run_dir / "api_tokens.yml").exists()
+    assert seen["config"]["network"]["disable_auth"] is True
+    # A third start gets a fresh admin key.
+    assert rig.start().returncode == 7 and rig.seen()["tokens"]["admin_key"] != tokens["admin_key"]
+
+
+def test_relative_tabbyapi_paths_still_name_the_tree_after_the_chdir(tmp_path: Path) -> None:
+    rig = _Rig(tmp_path)
+    python = Path(sys.executable)
+    done = rig.start(
+        cwd=tmp_path,
+        GLM53_TABBYAPI_DIR="tabby",
+        GLM53_TABBYAPI_PYTHON=python.name,
+        PATH=f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    assert done.returncode == 7, done.stderr
+    seen = rig.seen()
+    assert seen["argv"][0] == str(rig.tabby / "main.py") and seen["cwd"] == str(rig.run_dir)
+
+
+def test_a_run_dir_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    rig = _Rig(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    rig.run_dir.symlink_to(elsewhere)
+    done = rig.start()
+    assert done.returncode == 3, done.stderr
+    assert f"{rig.run_dir} is not a directory of this user" in done.stderr
+    assert not rig.report.exists() and list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+def test_a_run_dir_under_another_users_folder_is_refused(tmp_path: Path) -> None:
+    rig = _Rig(tmp_path)
+    os.chown(rig.xdg, 65534, 65534)
+    rig.xdg.chmod(0o777)
+    done = rig.start()
+    assert done.returncode == 3, done.stderr
+    assert f"{rig.xdg} belongs to another user" in done.stderr and not rig.report.exists()
+    assert not (rig.run_dir / "config.yml").exists()
+
+
+def test_a_missing_tabbyapi_tree_stops_before_anything_is_written(tmp_path: Path) -> None:
+    rig = _Rig(tmp_path)
+    done = rig.start(GLM53_TABBYAPI_DIR=str(tmp_path / "nowhere"))
+    assert done.returncode == 3 and not rig.report.exists()
+    assert "cannot load TabbyAPI's config schema" in done.stderr
+    assert not rig.run_dir.exists()
+    assert stat.S_IMODE(rig.xdg.stat().st_mode) == 0o700

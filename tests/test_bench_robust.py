@@ -21,10 +21,10 @@ from glm53.bench.metrics import MetricsDelta
 from glm53.bench.needle import chat_answer
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import collect_environment, load_summary, write_section
-from glm53.bench.runner import RunRecord, RunSection, Shape, ShapeResult, best_of, run_benchmark
+from glm53.bench.runner import RunRecord, RunSection, Shape, ShapeResult, best_of, judge_run, run_benchmark
 from glm53.bench.session import checkpointer, resolve_api_key
 from glm53.bench.stream import StreamAccumulator, StreamOutcome, Usage
-from glm53.bench.timing import implausible_timing
+from glm53.bench.timing import implausible_timing, settle_timing
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import QuietHandler, VllmLikeHandler, serve_http
 from tests.support.cli import run_glm53
@@ -238,7 +238,8 @@ def honest() -> Iterator[str]:
 
 @pytest.fixture
 def bursting() -> Iterator[str]:
-    VllmLikeHandler.reset(burst=True, token_gap_s=0.003)
+    """A server that holds every stream back and releases it at once, and exports no /metrics."""
+    VllmLikeHandler.reset(burst=True, token_gap_s=0.003, metrics=False)
     with serve_http(VllmLikeHandler) as url:
         yield url
 
@@ -262,7 +263,7 @@ def test_an_honest_stream_is_valid_with_best_and_median(honest: str, tmp_path: P
     assert all(rate is not None and 100 < rate < 1000 for rate in server), server
 
 
-def test_a_bursting_stream_is_rejected_with_its_reason(bursting: str, tmp_path: Path) -> None:
+def test_a_bursting_stream_without_engine_timings_is_rejected_with_its_reason(bursting: str, tmp_path: Path) -> None:
     result = _run(bursting, tmp_path)
     assert result.code == 1 and "no valid run for 64:64" in result.stderr
     shape = result.json()["run"]["shapes"][0]
@@ -270,13 +271,47 @@ def test_a_bursting_stream_is_rejected_with_its_reason(bursting: str, tmp_path: 
     assert [run["run"] for run in shape["runs"]] == [1, 2, 3, 4, 5]
     assert shape["best"]["decode_tok_s"] is None and shape["best"]["rejected_runs"] == 5
     for run in shape["runs"]:
-        assert not run["valid"] and run["invalid_reason"].startswith("implausible timing"), run["invalid_reason"]
+        reason = run["invalid_reason"]
+        assert not run["valid"] and reason.startswith("implausible timing"), reason
+        assert "nor can the engine's /metrics vouch for it: the server exports no /metrics" in reason
         assert run["decode_tok_s"] > 20_000, "the burst's rate is kept, for the record"
+        assert run["timing_source"] is None
     assert "implausible timing" in result.stderr
 
 
+def test_a_coalesced_stream_is_measured_by_the_engine_s_own_timings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the tables, unwrapped
+    # What a busy CPU engine does to its own stream: it decodes at its pace (one token every 3 ms) and the
+    # events reach the client at once. Its /metrics time the request: that is the measurement, labelled so.
+    VllmLikeHandler.reset(burst=True, token_gap_s=0.003)
+    with serve_http(VllmLikeHandler) as url:
+        result = run_glm53(
+            "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "3", "--no-plots",
+            "--out", str(tmp_path),
+        )  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert VllmLikeHandler.streams == 3, "nothing to measure again"
+    assert "yes, engine-timed" in result.stdout and "3/3 (3 engine-timed)" in result.stdout
+    assert "valid, timed by the engine's /metrics (the stream arrived coalesced)" in result.stderr
+    summary = load_summary(tmp_path)
+    assert summary.run is not None
+    shape = summary.run.shapes[0]
+    assert shape.best.valid_runs == 3 and shape.best.rejected_runs == 0 and shape.best.server_timed_runs == 3
+    for run in shape.runs:
+        assert run.valid and run.timing_source == "server", run.invalid_reason
+        assert run.client_timing_note is not None and run.client_timing_note.startswith("implausible timing")
+        assert run.metrics is not None and run.metrics.server_decode_s and run.metrics.server_ttft_s
+        assert run.decode_tok_s == pytest.approx(63 / run.metrics.server_decode_s)
+        assert run.decode_tok_s == run.server_decode_tok_s and 100 < run.decode_tok_s < 1000
+        assert run.ttft_ms == pytest.approx(run.metrics.server_ttft_s * 1000)
+        assert run.prefill_tok_s == pytest.approx(64 / run.metrics.server_ttft_s)
+    assert shape.best.decode_tok_s == max(run.decode_tok_s or 0 for run in shape.runs)
+
+
 def test_a_run_rejected_for_its_timing_is_measured_again(tmp_path: Path) -> None:
-    VllmLikeHandler.reset(burst_first=1, token_gap_s=0.003)
+    VllmLikeHandler.reset(burst_first=1, token_gap_s=0.003, metrics=False)
     with serve_http(VllmLikeHandler) as url:
         result = _run(url, tmp_path)
     assert result.code == 0, result.stderr
@@ -288,7 +323,7 @@ def test_a_run_rejected_for_its_timing_is_measured_again(tmp_path: Path) -> None
 
 
 def test_retries_are_bounded_and_other_failures_are_not_repeated(tmp_path: Path) -> None:
-    VllmLikeHandler.reset(burst_first=2, token_gap_s=0.003)
+    VllmLikeHandler.reset(burst_first=2, token_gap_s=0.003, metrics=False)
     with serve_http(VllmLikeHandler) as url:
         none = run_glm53(
             "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "1", "--retries", "1",
@@ -332,6 +367,40 @@ def test_each_timing_rule() -> None:
     assert late is not None and "first token" in late
     busy = MetricsDelta(server_requests=2, server_decode_s=9.0)
     assert implausible_timing(_outcome(4, 0.1, 0.1004, short), busy) is None, "other traffic: no comparison"
+
+
+def test_the_engine_vouches_for_what_the_client_cannot_time_and_nothing_else() -> None:
+    coalesced = _outcome(24, 0.2, 0.2004, [0.2, 0.2002, 0.2004])  # 23 tokens decoded "in 0.4 ms"
+    engine = MetricsDelta(server_requests=1, server_decode_s=0.046, server_ttft_s=0.15)
+    verdict = settle_timing(coalesced, engine)
+    assert verdict.source == "server" and verdict.rejected is None and verdict.engine is not None
+    assert verdict.client_note is not None and "vllm:request_decode_time_seconds" in verdict.client_note
+    assert verdict.engine.decode_tok_s == pytest.approx(23 / 0.046)
+    assert verdict.engine.ttft_s == 0.15 and verdict.engine.prefill_tok_s == pytest.approx(8 / 0.15)
+    paced = _outcome(64, 0.1, 0.74, [0.1 + i * 0.01 for i in range(64)])
+    kept = settle_timing(paced, engine.model_copy(update={"server_decode_s": 0.63}))
+    assert kept.source == "client" and kept.client_note is None and kept.engine is not None
+    # What neither can vouch for, each with both reasons (64 tokens: the client's own rules apply on their own).
+    burst = _outcome(64, 0.2, 0.2004, [0.2, 0.2002, 0.2004])
+    engine = engine.model_copy(update={"server_decode_s": 0.126})
+    assert settle_timing(burst, engine).source == "server"
+    cases = {
+        "the server exports no /metrics": None,
+        "not this one alone (other traffic)": engine.model_copy(update={"server_requests": 2.0}),
+        "no vllm:request_decode_time_seconds": MetricsDelta(preemptions=0),
+        "above 20,000 tok/s too": engine.model_copy(update={"server_decode_s": 0.002}),
+        "timed its decode at 0 s": engine.model_copy(update={"server_decode_s": 0.0}),
+    }
+    for why, metrics in cases.items():
+        rejected = settle_timing(burst, metrics)
+        assert rejected.source is None and rejected.rejected is not None, why
+        assert rejected.rejected.startswith("implausible timing") and why in rejected.rejected, rejected.rejected
+    answered = burst.model_copy(update={"finish_reasons": ["length"]})
+    judged = judge_run(
+        answered, Shape(prompt_tokens=8, output_tokens=64), engine.model_copy(update={"server_requests": 2.0})
+    )
+    assert judged[0] is False and judged[1] is not None and "other traffic" in judged[1], judged
+    assert judge_run(answered, Shape(prompt_tokens=8, output_tokens=64), engine) == (True, None)
 
 
 # --- 4. coherence's answer budget is checked against the server up front ----------------------------------
@@ -528,3 +597,9 @@ def test_an_agent_turn_with_a_burst_is_left_out_of_the_decode_rate() -> None:
     assert turns[1].decode_rejected is None
     section = summarize([], 0, 64, turns, None)
     assert section.mean_decode_tok_s == section.median_decode_tok_s == turns[1].decode_tok_s
+    assert (turns[0].decode_source, turns[1].decode_source) == (None, "client")
+    # With the engine's own timing of the turn, the burst is measured by it, labelled so.
+    engine = MetricsDelta(server_requests=1, server_decode_s=0.63, server_ttft_s=0.1)
+    timed = _turn_record("task", 1, step, burst, engine)
+    assert timed.decode_rejected is None and timed.decode_source == "server"
+    assert timed.decode_tok_s == pytest.approx(63 / 0.63)

@@ -25,10 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from glm53.bench.backends import FleetSplit
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
-from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
+from glm53.bench.metrics import MetricsDelta, delta_after, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.stream import StreamOutcome, decode_rate
-from glm53.bench.timing import implausible_timing
+from glm53.bench.timing import TimingSource, settle_timing
 from glm53.errors import BadInput, CheckFailed, invalid_document
 from glm53.fsutil import read_json
 
@@ -171,7 +171,12 @@ class TurnRecord(BaseModel):
     error: str | None = None
     metrics: MetricsDelta | None = None
     decode_rejected: str | None = Field(
-        None, description="why this turn's decode rate is left out of the session's (timing no engine produces)"
+        None,
+        description="why this turn's decode rate is left out of the session's (timing neither the client nor the "
+        "engine's /metrics can vouch for)",
+    )
+    decode_source: TimingSource | None = Field(
+        None, description="whose clock decode_tok_s comes from: 'client', or 'server' (the engine's /metrics)"
     )
     session_id: str | None = Field(None, description="the X-Session-ID header sent: one per conversation")
     backend: str | None = Field(None, description="the backend that served it (--backend), from its /metrics")
@@ -254,8 +259,8 @@ def run_agent(
                 "return_token_ids": True,
             }
             outcome = client.stream("/v1/chat/completions", body, headers={SESSION_HEADER: session_id})
-            after = snapshot(client)
-            record = _turn_record(task.name, number, step, outcome, diff_metrics(before, after))
+            after, delta = delta_after(client, before, finished=outcome.error is None and outcome.done)
+            record = _turn_record(task.name, number, step, outcome, delta)
             record.session_id = session_id
             turns.append(record)
             if on_turn is not None:
@@ -303,6 +308,11 @@ def _turn_record(task: str, number: int, step: Step, outcome: StreamOutcome, del
     usage = outcome.usage
     decode = decode_rate(outcome)
     error = outcome.error or (None if usage else "no usage in the stream")
+    # A stream the client cannot time (coalesced by a busy engine, buffered by a proxy) is timed by the engine's
+    # own /metrics when they show this turn alone; a turn neither can vouch for leaves the session's rate.
+    verdict = settle_timing(outcome, delta) if error is None else None
+    if verdict is not None and verdict.source == "server" and verdict.engine is not None:
+        decode = verdict.engine.decode_tok_s
     return TurnRecord(
         task=task,
         turn=number,
@@ -317,7 +327,8 @@ def _turn_record(task: str, number: int, step: Step, outcome: StreamOutcome, del
         finish_reason=outcome.finish_reasons[0] if outcome.finish_reasons else None,
         error=error,
         metrics=delta,
-        decode_rejected=implausible_timing(outcome, delta) if outcome.error is None and usage else None,
+        decode_rejected=verdict.rejected if verdict is not None else None,
+        decode_source=verdict.source if verdict is not None and decode is not None else None,
     )
 
 

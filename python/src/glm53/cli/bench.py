@@ -89,8 +89,8 @@ def run_cmd(
         typer.Option(
             "--retries",
             min=0,
-            help="Extra runs per shape in place of runs rejected for implausible timing (a busy host, a "
-            "buffering proxy); the rejected runs stay in the report.",
+            help="Extra runs per shape in place of runs rejected for implausible timing (a stream the client "
+            "cannot time and the engine's /metrics cannot vouch for); the rejected runs stay in the report.",
         ),
     ] = 2,
     style: Annotated[str, typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")] = "prose",

@@ -21,7 +21,18 @@ from glm53.bench.metrics import MetricsDelta
 from glm53.bench.needle import chat_answer
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import collect_environment, load_summary, write_section
-from glm53.bench.runner import RunRecord, RunSection, Shape, ShapeResult, best_of, judge_run, run_benchmark
+from glm53.bench.runner import (
+    DEFAULT_SHAPES,
+    RunRecord,
+    RunSection,
+    Shape,
+    ShapeResult,
+    best_of,
+    fitting_shapes,
+    judge_run,
+    parse_shapes,
+    run_benchmark,
+)
 from glm53.bench.session import checkpointer, resolve_api_key
 from glm53.bench.stream import StreamAccumulator, StreamOutcome, Usage
 from glm53.bench.timing import implausible_timing, settle_timing
@@ -54,7 +65,7 @@ def _usage(prompt: Any = PROMPT, completion: Any = OUTPUT) -> bytes:
     )
 
 
-def _client(bodies: list[bytes | httpx.SyncByteStream]) -> BenchClient:
+def _client(bodies: list[bytes | httpx.SyncByteStream], timeout_s: float = 5) -> BenchClient:
     calls = iter(bodies)
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -68,11 +79,13 @@ def _client(bodies: list[bytes | httpx.SyncByteStream]) -> BenchClient:
             return httpx.Response(200, content=body, headers={"content-type": kind})
         return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
 
-    return BenchClient("http://bench.test", transport=httpx.MockTransport(handler), timeout_s=5)
+    return BenchClient("http://bench.test", transport=httpx.MockTransport(handler), timeout_s=timeout_s)
 
 
-def _reasons(bodies: list[bytes | httpx.SyncByteStream], output: int = OUTPUT) -> list[str | None]:
-    with _client(bodies) as client:
+def _reasons(
+    bodies: list[bytes | httpx.SyncByteStream], output: int = OUTPUT, timeout_s: float = 5
+) -> list[str | None]:
+    with _client(bodies, timeout_s) as client:
         section = run_benchmark(
             client,
             PromptFactory(client, "m"),
@@ -406,6 +419,26 @@ def test_the_engine_vouches_for_what_the_client_cannot_time_and_nothing_else() -
 # --- 4. coherence's answer budget is checked against the server up front ----------------------------------
 
 
+def test_run_defaults_fit_the_server_they_talk_to(honest: str, tmp_path: Path) -> None:
+    # The recipe's shapes need 10,240 tokens and more; this server has 4,096 (as the demo does).
+    result = run_glm53(
+        "bench", "run", "--base-url", honest, "--runs", "1", "--no-plots", "--out", str(tmp_path), "--json"
+    )
+    assert result.code == 0, result.stderr
+    assert (
+        "the recipe's shapes 8192:2048, 131072:2048, 260096:2048 do not fit the server's max_model_len 4096: "
+        "measuring 2048:512 (pass --shapes to choose)"
+    ) in result.stderr
+    assert [shape["shape"] for shape in result.json()["run"]["shapes"]] == ["2048:512"]
+    assert fitting_shapes(None)[0] == fitting_shapes(300_000)[0] == parse_shapes(DEFAULT_SHAPES)
+    assert fitting_shapes(300_000)[1] is None
+    some, note = fitting_shapes(140_000)
+    assert [s.label for s in some] == ["8192:2048", "131072:2048"] and note is not None and "260096:2048" in note
+    assert [s.label for s in fitting_shapes(16)[0]] == ["8:2"]
+    explicit = run_glm53("bench", "run", "--base-url", honest, "--shapes", "8192:2048", "--out", str(tmp_path))
+    assert explicit.code == 2 and "--shapes: 8192:2048 needs 10240 tokens of context" in explicit.stderr
+
+
 def test_coherence_max_tokens_beyond_max_model_len_is_refused_before_asking(honest: str, tmp_path: Path) -> None:
     result = run_glm53("bench", "coherence", "--base-url", honest, "--out", str(tmp_path))
     assert result.code == 2
@@ -501,7 +534,8 @@ def test_hostile_streams_are_invalid_runs() -> None:
     too_many = _Endless(_sse([_chunk("a")]), 200)  # never stops at max_tokens
     bad_utf8 = _sse([b'{"choices": [{"index": 0, "text": "\xff\xfe"}]}', *_good()])
     html = b"<html><body>502 Bad Gateway</body></html>"
-    reasons = _reasons([one_line, too_many, bad_utf8, html, _Endless(html, 1)])
+    # Reading 19 MiB takes seconds on a loaded host: the idle timeout must not be what ends the first stream.
+    reasons = _reasons([one_line, too_many, bad_utf8, html, _Endless(html, 1)], timeout_s=300)
     assert reasons[0] is not None and "an event larger than 16,777,216 bytes" in reasons[0]
     assert reasons[1] is not None and "did not stop at max_tokens" in reasons[1]
     assert reasons[2] is not None and reasons[2].startswith("malformed event") and "UTF-8" in reasons[2]

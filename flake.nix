@@ -40,7 +40,7 @@
           # while those pins are null, so that everything else evaluates and builds meanwhile.
           engine =
             name: drv:
-            if glmLib.unpinned == [ ] then
+            if glmLib.vllmUnpinned == [ ] then
               drv
             else
               glmLib.unpinnedStub {
@@ -55,7 +55,29 @@
           glm53-runtime = runtime;
           exllamav3 = pkgs.python3Packages.exllamav3-glm53;
           vllm = engine "vllm-glm53" pkgs.python3Packages.vllm-glm53;
-          image = engine "glm53-image" (pkgs.callPackage ./nix/image.nix { inherit glmLib; });
+          image = engine "glm53-image" (
+            pkgs.callPackage ./nix/image.nix {
+              inherit glmLib;
+              package = pkgs.glm53-runtime;
+            }
+          );
+
+          # The exllamav3 engine (TabbyAPI + ExLlamaV3): every pin it needs is published, so these never
+          # wait for the vLLM pins above.
+          tabbyapi = pkgs.tabbyapi;
+          glm53-exl3 = pkgs.glm53-exl3;
+          image-exl3 = pkgs.callPackage ./nix/image.nix {
+            inherit glmLib;
+            package = pkgs.glm53-exl3;
+            name = "glm53-exl3";
+            command = [
+              (pkgs.lib.getExe' pkgs.glm53-exl3 "glm53")
+              "serve"
+              "--profile"
+              glmLib.defaultProfiles.exllamav3
+            ];
+            labels."io.glm53.tabbyapi.rev" = glmLib.pins.tabbyapi.rev;
+          };
         }
       );
 
@@ -69,6 +91,12 @@
         glm53 = {
           type = "app";
           program = "${pkgs.glm53}/bin/glm53";
+        };
+        # `nix run .#serve-exl3 -- --model-dir DIR`: TabbyAPI + ExLlamaV3, profile exl3-2x3090
+        # (GLM53_PROFILE=exl3-1gpu, or --profile, for another).
+        serve-exl3 = {
+          type = "app";
+          program = "${self.packages.${pkgs.stdenv.hostPlatform.system}.glm53-exl3}/bin/glm53-serve";
         };
       });
 

@@ -1,13 +1,17 @@
 # The OCI image, streamed (the multi-GB tarball never lands in the store). Timestamps stay at
-# nixpkgs' fixed epoch so two builds from one lock are bit-for-bit equal.
+# nixpkgs' fixed epoch so two builds from one lock are bit-for-bit equal. One per engine: `package` is the
+# server (glm53-runtime for vLLM, glm53-exl3 for exllamav3) and `command` how the entrypoint starts it.
 {
   lib,
   dockerTools,
   cacert,
   bashInteractive,
   coreutils,
-  glm53-runtime,
   glmLib,
+  package,
+  name ? "glm53",
+  command ? [ (lib.getExe package) ],
+  labels ? { },
 }:
 let
   # torch inductor calls getpass.getuser(), which needs a passwd entry; the server runs as this user.
@@ -19,10 +23,10 @@ let
   };
 in
 dockerTools.streamLayeredImage {
-  name = "glm53";
+  inherit name;
   tag = glmLib.version;
   contents = [
-    glm53-runtime
+    package
     nss
     cacert
     bashInteractive
@@ -39,8 +43,7 @@ dockerTools.streamLayeredImage {
     # Inside the container 0.0.0.0 is right: publish the port on the host's loopback only
     # (docker run -p 127.0.0.1:8000:8000 ...). The address flags are part of the entrypoint, so arguments
     # given to `docker run` (say --set MAX_MODEL_LEN=131072) add to them instead of replacing them.
-    Entrypoint = [
-      (lib.getExe glm53-runtime)
+    Entrypoint = command ++ [
       "--model-dir"
       "/model"
       "--host"
@@ -62,10 +65,11 @@ dockerTools.streamLayeredImage {
     ExposedPorts."${toString glmLib.lock.runtime.port}/tcp" = { };
     Volumes."/model" = { };
     Labels = {
-      "org.opencontainers.image.title" = "glm53";
+      "org.opencontainers.image.title" = name;
       "org.opencontainers.image.version" = glmLib.version;
       "io.glm53.checkpoint.revision" = glmLib.lock.checkpoint.revision;
       "io.glm53.exllamav3.rev" = glmLib.pins.exllamav3.rev;
-    };
+    }
+    // labels;
   };
 }

@@ -2,6 +2,8 @@
 # evaluated and tested with a bare `nix eval` (tests/test_nix.py); flake.nix and the module only wire them.
 {
   lockFile ? ../repro.lock.json,
+  # The packaged profiles (glm53's python/src/glm53/data/profiles); the tests pass a folder of their own.
+  profilesDir ? ../python/src/glm53/data/profiles,
 }:
 let
   lock = builtins.fromJSON (builtins.readFile lockFile);
@@ -15,31 +17,38 @@ let
     else
       value;
 
-  # The source pins still null, by their lock field names (the same list `glm53 repro show` prints).
-  unpinned =
-    let
-      nullFields =
-        where: pin:
-        map (field: "${where}.${field}") (
-          builtins.filter (field: pin.${field} == null) [
-            "rev"
-            "hash"
-          ]
-        );
-      cmakeSources = lock.engine.vllm_cmake_sources.sources;
-    in
-    builtins.concatLists (
-      map (name: nullFields "engine.${name}" lock.engine.${name}) [
-        "vllm"
-        "glm53_overlay"
+  nullFields =
+    where: pin:
+    map (field: "${where}.${field}") (
+      builtins.filter (field: pin.${field} == null) [
+        "rev"
+        "hash"
       ]
-      ++ map (
-        name: nullFields "engine.vllm_cmake_sources.sources.${name}" cmakeSources.${name}
-      ) (builtins.attrNames cmakeSources)
     );
+  cmakeSources = lock.engine.vllm_cmake_sources.sources;
+  cmakeUnpinned = builtins.concatLists (
+    map (name: nullFields "engine.vllm_cmake_sources.sources.${name}" cmakeSources.${name}) (
+      builtins.attrNames cmakeSources
+    )
+  );
 
-  # What an output that needs an unpinned source is until the pins are filled: a derivation that evaluates
-  # (so `nix flake check` and `nix flake show` work) and fails when built, naming the fields to fill.
+  # The source pins the vLLM engine's outputs need and that are still null.
+  vllmUnpinned =
+    nullFields "engine.vllm" lock.engine.vllm
+    ++ nullFields "engine.glm53_overlay" lock.engine.glm53_overlay
+    ++ cmakeUnpinned;
+
+  # Every source pin still null, by its lock field name (the same list, in the same order, as
+  # `glm53 repro show` prints and `glm53 repro check --release` refuses).
+  unpinned =
+    nullFields "engine.vllm" lock.engine.vllm
+    ++ nullFields "engine.glm53_overlay" lock.engine.glm53_overlay
+    ++ nullFields "engine.tabbyapi" lock.engine.tabbyapi
+    ++ cmakeUnpinned;
+
+  # What a vLLM output is until its pins are filled: a derivation that evaluates (so `nix flake check` and
+  # `nix flake show` work) and fails when built, naming the fields to fill. The exllamav3 engine's outputs
+  # never are: everything they need is published.
   unpinnedStub =
     { name, system }:
     derivation {
@@ -47,9 +56,23 @@ let
       builder = "/bin/sh";
       args = [
         "-c"
-        "echo 'repro.lock.json: ${builtins.concatStringsSep ", " unpinned} not pinned yet; fill them (glm53 repro show lists them) before building ${name}' >&2; exit 1"
+        "echo 'repro.lock.json: ${builtins.concatStringsSep ", " vllmUnpinned} not pinned yet; fill them (glm53 repro show lists them) before building ${name}' >&2; exit 1"
       ];
     };
+
+  # A GitHub source pin's owner and repository, from its url (what fetchFromGitHub takes).
+  githubRepo =
+    field: url:
+    let
+      parts = builtins.match "https://github[.]com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)" url;
+    in
+    if parts == null then
+      throw "repro.lock.json: ${field} must be https://github.com/OWNER/REPO, not ${url}"
+    else
+      {
+        owner = builtins.elemAt parts 0;
+        repo = builtins.elemAt parts 1;
+      };
 
   isEnvKey = key: builtins.match "[A-Z][A-Z0-9_]*" key != null;
 
@@ -88,9 +111,54 @@ let
   # The packaged profiles are the .env files glm53 ships: the module offers exactly those.
   profileNames = map (name: builtins.head (builtins.match "(.*)[.]env" name)) (
     builtins.filter (name: builtins.match ".*[.]env" name != null) (
-      builtins.attrNames (builtins.readDir ../python/src/glm53/data/profiles)
+      builtins.attrNames (builtins.readDir profilesDir)
     )
   );
+
+  # The serving engines; a profile names its own with the ENGINE key (none: vllm).
+  engines = [
+    "vllm"
+    "exllamav3"
+  ];
+
+  # The engine a packaged profile runs: its ENGINE line, `: "${ENGINE:=name}"` as the profiles write their
+  # keys (or `ENGINE=name`). glm53 reads the same file and validates it (`glm53 profile check`, at build time
+  # in the module); this only tells the module which package serves the profile.
+  profileEngine =
+    name:
+    let
+      file = "${toString profilesDir}/${name}.env";
+      lines = builtins.filter builtins.isString (builtins.split "\n" (builtins.readFile file));
+      value =
+        line:
+        let
+          defaulted = builtins.match ''[[:space:]]*:[[:space:]]+"[$][{]ENGINE:=([^}"]*)[}]"[[:space:]]*'' line;
+          assigned = builtins.match ''[[:space:]]*(export[[:space:]]+)?ENGINE=(["']?)([^"']*)(["']?)[[:space:]]*'' line;
+        in
+        if defaulted != null then
+          defaulted
+        else if assigned != null then
+          [ (builtins.elemAt assigned 2) ]
+        else
+          [ ];
+      values = builtins.concatMap value lines;
+      engine = if values == [ ] then "vllm" else builtins.head values;
+    in
+    if builtins.length values > 1 then
+      throw "glm53 profile ${name} (${file}): ENGINE is set more than once"
+    else if !(builtins.elem engine engines) then
+      throw "glm53 profile ${name} (${file}): ENGINE=${engine} is not one of ${builtins.concatStringsSep ", " engines}"
+    else
+      engine;
+
+  # The packaged profiles of one engine.
+  profilesFor = engine: builtins.filter (name: profileEngine name == engine) profileNames;
+
+  # The profile each engine serves unless told otherwise.
+  defaultProfiles = {
+    vllm = lock.runtime.default_profile;
+    exllamav3 = "exl3-2x3090";
+  };
 
   # The address as given: whether it may be used (loopback, or any address with listenAll) is glm53's
   # rule, applied by the build-time check below and again at start; Nix does not decide it.
@@ -156,6 +224,7 @@ let
       vllm
       glm53_overlay
       exllamav3
+      tabbyapi
       cuda
       vllm_cmake_sources
       ;
@@ -169,9 +238,15 @@ in
     pins
     requirePin
     unpinned
+    vllmUnpinned
     unpinnedStub
+    githubRepo
     renderEnvFile
     profileNames
+    engines
+    profileEngine
+    profilesFor
+    defaultProfiles
     serveArgs
     checkArgs
     ;

@@ -9,6 +9,14 @@
 }:
 let
   cfg = config.services.glm53;
+  packages = self.packages.${pkgs.stdenv.hostPlatform.system};
+  # The server of each engine: vLLM's runtime (a stub until vLLM is pinned), or TabbyAPI + ExLlamaV3.
+  enginePackages = {
+    vllm = "glm53-runtime";
+    exllamav3 = "glm53-exl3";
+  };
+  # The engine the profile runs (its ENGINE line; settings.ENGINE overrides it as for any key).
+  profileEngine = cfg.settings.ENGINE or (glmLib.profileEngine cfg.profile);
   unit = builtins.fromJSON (builtins.readFile ../python/src/glm53/data/systemd-unit.json);
   envFile = pkgs.writeText "glm53-${cfg.profile}.env" (glmLib.renderEnvFile cfg.settings);
   glm53 = lib.getExe' cfg.package "glm53";
@@ -34,19 +42,33 @@ let
 in
 {
   options.services.glm53 = {
-    enable = lib.mkEnableOption "a GLM-5.3-Flash server (vLLM + ExLlamaV3, CPU expert offload)";
+    enable = lib.mkEnableOption "a GLM-5.3-Flash server (vLLM or TabbyAPI, with ExLlamaV3; CPU expert offload)";
+
+    engine = lib.mkOption {
+      type = lib.types.enum glmLib.engines;
+      default = "vllm";
+      example = "exllamav3";
+      description = ''
+        The serving engine: `vllm` (the recipe's vendor vLLM with ExLlamaV3 kernels), or `exllamav3`
+        (TabbyAPI + ExLlamaV3, layer split with CPU expert offload). It picks the default package and
+        profile; the profile must be one of this engine's (its ENGINE key), which an assertion checks.
+      '';
+    };
 
     package = lib.mkOption {
       type = lib.types.package;
-      default = self.packages.${pkgs.stdenv.hostPlatform.system}.glm53-runtime; # a stub until vLLM is pinned
-      defaultText = lib.literalExpression "glm53.packages.\${system}.glm53-runtime";
-      description = "The runtime: glm53 with the pinned vLLM and ExLlamaV3.";
+      default = packages.${enginePackages.${cfg.engine}};
+      defaultText = lib.literalExpression ''
+        if engine == "exllamav3" then glm53.packages.''${system}.glm53-exl3 else glm53.packages.''${system}.glm53-runtime'';
+      description = "The server: glm53 with the engine's runtime (vLLM and ExLlamaV3, or TabbyAPI and ExLlamaV3).";
     };
 
     profile = lib.mkOption {
       type = lib.types.enum glmLib.profileNames;
-      default = glmLib.lock.runtime.default_profile;
-      description = "The validated profile whose argv and environment are launched.";
+      default = glmLib.defaultProfiles.${cfg.engine};
+      defaultText = lib.literalExpression ''
+        if engine == "exllamav3" then "${glmLib.defaultProfiles.exllamav3}" else "${glmLib.defaultProfiles.vllm}"'';
+      description = "The validated profile whose argv and environment are launched; one of the engine's.";
     };
 
     # Strings, not Nix paths: a path literal would be copied into the world-readable store (the whole
@@ -134,6 +156,17 @@ in
       {
         assertion = cfg.listenAll -> cfg.apiKeyFile != null;
         message = "services.glm53.listenAll opens the server to other machines: set services.glm53.apiKeyFile too.";
+      }
+      {
+        assertion = profileEngine == cfg.engine;
+        message =
+          let
+            theirs = glmLib.profilesFor cfg.engine;
+          in
+          ''services.glm53.profile "${cfg.profile}" runs the ${profileEngine} engine, but services.glm53.engine is "${cfg.engine}": ''
+          + ''set engine = "${profileEngine}", or a profile of the ${cfg.engine} engine (${
+            if theirs == [ ] then "none is packaged" else lib.concatStringsSep ", " theirs
+          }).'';
       }
     ];
 

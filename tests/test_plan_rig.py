@@ -10,8 +10,9 @@ import pytest
 
 from glm53.errors import BadInput
 from glm53.host.memory import read_host_memory
+from glm53.host.rig import load_rig, rig_names, rig_topology
 from glm53.host.topology import read_topology
-from glm53.plan.rig import CpuLayout, load_rig, packaged_rigs, parse_cpus
+from glm53.plan.rig import CpuLayout, parse_cpus
 from tests.support.cli import run_glm53
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
@@ -20,16 +21,17 @@ RECIPE_HOST = HOSTS / "threadripper-5975wx-cgv2"
 
 def test_the_recipe_rig_is_the_recipe_machine() -> None:
     rig = load_rig("recipe-2x3090")
-    assert "recipe-2x3090" in packaged_rigs()
-    assert [gpu.total_bytes for gpu in rig.gpus] == [24 << 30, 24 << 30]
-    memory = read_host_memory(RECIPE_HOST)
-    assert load_rig("recipe-2x3090").ram == f"{memory.mem_total_bytes // 1024}KiB"
-    real, synthetic = read_topology(RECIPE_HOST), rig.cpu.topology()
+    assert "recipe-2x3090" in rig_names()
+    assert [gpu.memory_bytes for gpu in rig.gpus] == [24 << 30, 24 << 30]
+    real, synthetic = read_topology(RECIPE_HOST), rig_topology(rig)
     assert synthetic.l3_domains == real.l3_domains and synthetic.packages == real.packages
     assert synthetic.physical_cores == real.physical_cores and synthetic.numa_nodes == real.numa_nodes
     assert [(c.cpu, c.core_id, c.siblings, c.l3_domain) for c in synthetic.cpus] == [
         (c.cpu, c.core_id, c.siblings, c.l3_domain) for c in real.cpus
     ]
+    assert parse_cpus("32cx2t/8").topology() == synthetic
+    # Its RAM is the DIMMs' 128 GiB; Linux reports a little less as MemTotal, which the plan rounds up again.
+    assert rig.ram_bytes == 128 << 30 > read_host_memory(RECIPE_HOST).mem_total_bytes
 
 
 def test_planning_for_the_rig_from_any_machine_equals_planning_on_it() -> None:
@@ -38,10 +40,10 @@ def test_planning_for_the_rig_from_any_machine_equals_planning_on_it() -> None:
     rig = run_glm53("plan", "--rig", "recipe-2x3090", "--env")
     assert rig.code == 0, rig.stderr
     assert rig.stdout == on_it.stdout
-    assert "planned for rig recipe-2x3090: NVIDIA GeForce RTX 3090 24GiB" in rig.stderr
+    assert "planned for rig recipe-2x3090: NVIDIA GeForce RTX 3090 24 GiB" in rig.stderr
     # The same target from options, on a small machine's facts: its RAM and CPUs no longer count.
     options = run_glm53(
-        "plan", "--gpu-memory", "24GiB,24GiB", "--ram", "131889524KiB", "--cpus", "32cx2t/8",
+        "plan", "--gpu-memory", "24GiB,24GiB", "--ram", "128GiB", "--cpus", "32cx2t/8",
         "--host-root", str(HOSTS / "desktop-8core-cgv1"), "--env",
     )  # fmt: skip
     assert options.code == 0, options.stderr
@@ -72,7 +74,7 @@ def test_cpus_option(text: str, layout: CpuLayout) -> None:
     assert parse_cpus(text) == layout
 
 
-@pytest.mark.parametrize(("text", "says"), [("8", "is not CORESc"), ("32c/5", "does not divide"), ("0c", "--cpus")])
+@pytest.mark.parametrize(("text", "says"), [("8", "is not CORESc"), ("32c/5", "do not divide"), ("0c", "--cpus")])
 def test_bad_cpus_are_named(text: str, says: str) -> None:
     with pytest.raises(BadInput, match="--cpus") as exc:
         parse_cpus(text)
@@ -80,21 +82,22 @@ def test_bad_cpus_are_named(text: str, says: str) -> None:
 
 
 def test_rig_files_and_their_errors(tmp_path: Path) -> None:
-    rig = json.loads((Path(__file__).parents[1] / "python/src/glm53/data/rigs/recipe-2x3090.json").read_text())
-    rig.update(name="one-4090", gpus=[{"name": "NVIDIA GeForce RTX 4090", "memory": "24GiB"}])
+    rig = load_rig("recipe-2x3090").model_dump(mode="json")
+    rig.update(name="one-4090", gpus=[{"name": "NVIDIA GeForce RTX 4090", "memory_bytes": 24 << 30}], cores=16)
+    rig["cores_per_l3"] = 8
     good = tmp_path / "one-4090.json"
     good.write_text(json.dumps(rig))
     result = run_glm53("plan", "--rig", str(good), "--tp", "1", "--json")
     assert result.code == 0, result.stderr
     assert "rig one-4090" in result.stderr and len(result.json()["gpus"]) == 1
     for name, change, says in [
-        ("schema.json", {"schema_version": "x"}, "schema_version 'x' is not 'glm53.rig/1'"),
         ("extra.json", {"colour": "red"}, "colour"),
-        ("ram.json", {"ram": "lots"}, "ram"),
+        ("ram.json", {"ram_bytes": "lots"}, "ram_bytes"),
+        ("l3.json", {"cores_per_l3": 0}, "cores_per_l3"),
     ]:
         bad = tmp_path / name
         bad.write_text(json.dumps({**rig, **change}))
         failed = run_glm53("plan", "--rig", str(bad))
         assert failed.code == 2 and str(bad) in failed.stderr and says in failed.stderr, failed.stderr
     missing = run_glm53("plan", "--rig", "recipe-9x5090")
-    assert missing.code == 2 and "packaged: recipe-2x3090" in missing.stderr
+    assert missing.code == 2 and "recipe-2x3090" in missing.stderr

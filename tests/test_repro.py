@@ -20,6 +20,12 @@ def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
     lock = load_repro_lock(LOCK)
     assert lock.checkpoint.revision == "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
     assert lock.engine.exllamav3.rev.startswith("499890c")
+    tabby = lock.engine.tabbyapi
+    assert (tabby.rev, tabby.hash) == (
+        "e632af41eba68abeadc3437c62674360f2f8cbf1",
+        "sha256-mEkZFT815apdWonYn0LLKmFB1UiQCsWYR6/vtDVT4iM=",
+    )
+    assert tabby.python["llguidance"].version.startswith("1.7.")  # ExLlamaV3 1.4.6 needs llguidance >= 1.7.0
     assert lock.runtime.kv_cache_memory_bytes == 3_328_599_040
     sources = ["cutlass", "flashmla", "flashmla_cutlass", "qutlass", "triton_kernels", "vllm_flash_attn"]
     assert lock.unpinned() == [
@@ -47,6 +53,28 @@ def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
         (
             lambda d: d["engine"]["vllm_cmake_sources"]["sources"]["cutlass"].pop("read_from"),
             "engine.vllm_cmake_sources.sources.cutlass.read_from",
+        ),
+        (lambda d: d["engine"]["tabbyapi"].update(rev="e632af4"), "engine.tabbyapi.rev"),
+        (lambda d: d["engine"]["tabbyapi"].update(hash="sha256-abc"), "engine.tabbyapi.hash"),
+        (lambda d: d["engine"]["tabbyapi"].update(url="https://example.org/tabbyAPI"), "engine.tabbyapi.url"),
+        (lambda d: d["engine"]["tabbyapi"].update(date="13 Aug 2026"), "engine.tabbyapi.date"),
+        (lambda d: d["engine"]["tabbyapi"].pop("python"), "engine.tabbyapi.python"),
+        (lambda d: d["engine"]["tabbyapi"].update(branch="main"), "engine.tabbyapi.branch"),
+        (
+            lambda d: d["engine"]["tabbyapi"]["python"]["llguidance"].update(sha256="0" * 63),
+            "engine.tabbyapi.python.llguidance.sha256",
+        ),
+        (
+            lambda d: d["engine"]["tabbyapi"]["python"]["llguidance"].update(url="https://pypi.org/llguidance.tar.gz"),
+            "engine.tabbyapi.python.llguidance.url",
+        ),
+        (
+            lambda d: d["engine"]["tabbyapi"]["python"]["llguidance"].update(version="1.7.5"),
+            "python.llguidance.url is llguidance-1.7.6-",
+        ),
+        (
+            lambda d: d["engine"]["tabbyapi"]["python"].update(LLGuidance={}),
+            "engine.tabbyapi.python.LLGuidance",
         ),
     ],
 )
@@ -145,3 +173,12 @@ def test_non_finite_lock_number_is_refused(tmp_path: Path) -> None:
     (tmp_path / "lock.json").write_text(json.dumps(data))
     with pytest.raises(BadInput, match="bits_per_weight"):
         load_repro_lock(tmp_path / "lock.json")
+
+
+def test_an_unfilled_tabbyapi_pin_is_listed_as_unpinned(tmp_path: Path) -> None:
+    data = json.loads(LOCK.read_text())
+    data["engine"]["tabbyapi"].update(rev=None, hash=None)
+    path = tmp_path / "repro.lock.json"
+    path.write_text(json.dumps(data))
+    unpinned = load_repro_lock(path).unpinned()
+    assert unpinned[4:6] == ["engine.tabbyapi.rev", "engine.tabbyapi.hash"]

@@ -64,9 +64,13 @@ Served = tuple[str, dict[str, list[str]], Path]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """`git daemon` serving vllm.git (1000 commits: some share a 4-hex prefix) and overlay.git."""
+    """`git daemon` serving vllm.git (1000 commits: some share a 4-hex prefix), overlay.git and tabby.git."""
     base = tmp_path_factory.mktemp("git")
-    repos = {"vllm.git": _make_repo(base / "vllm.git", 1000), "overlay.git": _make_repo(base / "overlay.git", 3)}
+    repos = {
+        "vllm.git": _make_repo(base / "vllm.git", 1000),
+        "overlay.git": _make_repo(base / "overlay.git", 3),
+        "tabby.git": _make_repo(base / "tabby.git", 3),
+    }
     port = _free_port()
     daemon = subprocess.Popen(
         [
@@ -255,3 +259,113 @@ def test_a_server_dying_mid_fetch_is_exit_3(served: Served, tmp_path: Path) -> N
         assert "engine.vllm" in result.stderr and lock.read_text() == before
     finally:
         listener.close()
+
+
+TABBY_URL = "https://github.com/theroyallab/tabbyAPI"
+
+
+def _serve_tabbyapi_from(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """The lock keeps TabbyAPI's GitHub address (its model accepts no other); git itself is told to fetch it
+    from the local server instead (url.<base>.insteadOf, through git's environment configuration)."""
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", f"url.{url}/tabby.git.insteadOf")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", TABBY_URL)
+
+
+def _tabby_lock(tmp_path: Path, rev: str | None, hash_: str | None) -> Path:
+    """The lock with TabbyAPI's rev and hash as given, and the vLLM pins filled (so that only TabbyAPI is open)."""
+    data = json.loads((ROOT / "repro.lock.json").read_text())
+    assert data["engine"]["tabbyapi"]["url"] == TABBY_URL
+    data["engine"]["tabbyapi"].update(rev=rev, hash=hash_)
+    for name in ("vllm", "glm53_overlay"):
+        pin = data["engine"][name]
+        pin.update(rev=pin["short_rev"].ljust(40, "0"), hash="sha256-" + "A" * 43 + "=")
+    path = tmp_path / "repro.lock.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def _date(repo: Path, rev: str) -> str:
+    shown = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%cs", rev], capture_output=True, check=True)
+    return shown.stdout.decode().strip()
+
+
+def test_resolve_pins_tabbyapi_to_the_upstream_head(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, repos, base = served
+    _serve_tabbyapi_from(monkeypatch, url)
+    head = repos["tabby.git"][-1]
+    lock = _tabby_lock(tmp_path, None, None)
+    before = lock.read_text()
+
+    dry = run_glm53("repro", "resolve", "--lock", str(lock), "--dry-run", "--json")
+    assert dry.code == 0
+    assert [(p["name"], p["rev"]) for p in dry.json()["would_fetch"]] == [("tabbyapi", None)]
+
+    done = run_glm53("repro", "resolve", "--lock", str(lock), "--yes", "--json")
+    assert done.code == 0, done.stderr
+    pin = json.loads(lock.read_text())["engine"]["tabbyapi"]
+    with _archive(base / "tabby.git", head, tmp_path).open("rb") as handle:
+        assert (pin["rev"], pin["hash"]) == (head, nar_hash_tar(handle))
+    assert pin["date"] == _date(base / "tabby.git", head) == "2023-11-14"
+    nix = _nix_hash_path(_extracted(base / "tabby.git", head, tmp_path))
+    if nix is not None:
+        assert pin["hash"] == nix
+    changed = [a for a, b in zip(before.splitlines(), lock.read_text().splitlines(), strict=True) if a != b]
+    assert len(changed) == 3 and all(key in a for a, key in zip(changed, ('"rev"', '"hash"', '"date"'), strict=True))
+
+
+def test_resolve_hashes_a_given_tabbyapi_commit_and_update_moves_it(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, repos, base = served
+    _serve_tabbyapi_from(monkeypatch, url)
+    first, head = repos["tabby.git"][0], repos["tabby.git"][-1]
+    lock = _tabby_lock(tmp_path, first, None)
+
+    done = run_glm53("repro", "resolve", "--lock", str(lock), "--yes", "--json")
+    assert done.code == 0, done.stderr
+    pin = json.loads(lock.read_text())["engine"]["tabbyapi"]
+    with _archive(base / "tabby.git", first, tmp_path).open("rb") as handle:
+        assert (pin["rev"], pin["hash"]) == (first, nar_hash_tar(handle))
+
+    assert run_glm53("repro", "resolve", "--lock", str(lock), "--json").json()["would_fetch"] == []
+    moved = run_glm53("repro", "resolve", "--lock", str(lock), "--update", "tabbyapi", "--yes", "--json")
+    assert moved.code == 0, moved.stderr
+    assert json.loads(lock.read_text())["engine"]["tabbyapi"]["rev"] == head
+
+    refused = run_glm53("repro", "resolve", "--lock", str(lock), "--update", "vllm", "--yes")
+    assert refused.code == 2 and "only tabbyapi follows an upstream branch" in refused.stderr
+
+
+SOURCE_TREE = ROOT / "tests" / "fixtures" / "repro" / "source-tree"
+# `nix hash path --type sha256 --sri tests/fixtures/repro/source-tree` (Nix 2.8) printed this.
+SOURCE_TREE_NAR = "sha256-CkoMn7kh0/2WLzeqhuKFctX84pB6lXpp+FvD3ZoMImU="
+
+
+def test_a_source_trees_nar_hash_is_nixs_from_disk_and_from_git_archive(tmp_path: Path) -> None:
+    """How engine.tabbyapi.hash is made: `git archive` of the commit, hashed as the NAR of the tree it unpacks to
+    (what fetchFromGitHub checks). A small committed tree (an executable, an empty file, names whose byte order
+    differs from their case-folded order, a sub-folder) stands for the upstream's."""
+    assert nar_hash_path(SOURCE_TREE) == SOURCE_TREE_NAR
+    repo = tmp_path / "upstream"
+    shutil.copytree(SOURCE_TREE, repo)
+    git = ["git", "-C", str(repo), "-c", "user.name=T", "-c", "user.email=t@example"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "tree"], check=True)
+    tar = _archive(repo / ".git", "HEAD", tmp_path)
+    with tar.open("rb") as handle:
+        assert nar_hash_tar(handle) == SOURCE_TREE_NAR
+    if shutil.which("nix") is None:
+        pytest.skip("nix is not installed: compared with the recorded hash only")
+    done = subprocess.run(
+        ["nix", "hash", "path", "--type", "sha256", "--sri", str(SOURCE_TREE)],
+        capture_output=True,
+        text=True,
+        env=NIX_ENV,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == SOURCE_TREE_NAR

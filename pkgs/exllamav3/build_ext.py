@@ -10,11 +10,16 @@ The module lands at SITE_PACKAGES/exllamav3_ext.<abi>.so: ext.py looks up the to
 Environment: TORCH_CUDA_ARCH_LIST (required: a build machine has no GPU to guess from, and torch's
 fallback would compile for every architecture it knows), CUDA_HOME, MAX_JOBS (parallel compiles),
 NVCC_THREADS (optional, nvcc --threads: compiles a unit's architectures in parallel; no effect on code).
+Debug builds only (unset = the default, identical flags): EXL3_EXTRA_CXXFLAGS, EXL3_EXTRA_NVCCFLAGS and
+EXL3_EXTRA_LDFLAGS, shell-split and appended to the host-compiler, nvcc and link flags, e.g.
+EXL3_EXTRA_CXXFLAGS="-g -fno-ipa-icf" EXL3_EXTRA_NVCCFLAGS="-g -Xcompiler=-g,-fno-ipa-icf"
+EXL3_EXTRA_LDFLAGS="-Wl,-Map,ext.map" (symbols, no identical-code folding, a link map).
 Intermediate objects go to ./build (setuptools' default) in the working directory.
 """
 
 import glob
 import os
+import shlex
 import sys
 
 from setuptools import setup
@@ -57,6 +62,12 @@ def main(argv):
     if threads not in ("", "1"):
         nvcc_flags += [f"--threads={int(threads)}"]
 
+    cxx_flags = list(CXX_FLAGS) + shlex.split(os.environ.get("EXL3_EXTRA_CXXFLAGS", ""))
+    nvcc_flags += shlex.split(os.environ.get("EXL3_EXTRA_NVCCFLAGS", ""))
+    link_flags = shlex.split(os.environ.get("EXL3_EXTRA_LDFLAGS", ""))
+    if cxx_flags != CXX_FLAGS or link_flags or os.environ.get("EXL3_EXTRA_NVCCFLAGS", "").strip():
+        print(f"build_ext.py: extra flags: cxx {cxx_flags}, nvcc {nvcc_flags}, link {link_flags}", flush=True)
+
     print(
         f"build_ext.py: {len(sources)} sources, TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, "
         f"MAX_JOBS={os.environ.get('MAX_JOBS', '(torch default)')}",
@@ -72,7 +83,8 @@ def main(argv):
                 EXTENSION_NAME,
                 sources,
                 include_dirs=[sources_dir],
-                extra_compile_args={"cxx": CXX_FLAGS, "nvcc": nvcc_flags},
+                extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+                extra_link_args=link_flags,
             )
         ],
         cmdclass={"build_ext": BuildExtension},

@@ -21,7 +21,7 @@
   pyyaml,
   marisa-trie,
   pydantic,
-  llguidance,
+  llguidance, # >= 1.7.0: the wheel repro.lock.json pins (engine.tabbyapi.python), passed by nix/overlay.nix
   einops,
   transformers,
   glmLib,

@@ -221,6 +221,11 @@ EXPECTED: dict[str, Expect] = {
     "glm53 plan --bandwidth probe.json --stats t.jsonl --out /var/lib/glm53/plan": Expect(
         3, "no NVIDIA GPU found", needs="hardware"
     ),
+    # -- docs/serve.md: the ExLlamaV3 engine (TabbyAPI) -------------------------------------------------------
+    "glm53 serve --profile exl3-2x3090 --rig recipe-2x3090 --dry-run": Expect(0, "planned for rig recipe-2x3090"),
+    "GLM53_TABBYAPI_DIR=/path/to/tabbyAPI glm53 serve --profile exl3-1gpu --model-dir /srv/models/glm53": Expect(
+        2, "--model-dir /srv/models/glm53 does not exist", needs="hardware"
+    ),
     # -- docs/router.md: a fleet file describing your boxes ------------------------------------------------
     "glm53 router fleet.toml --dry-run --json": Expect(2, "fleet.toml not found", needs="hardware"),
     "glm53 router fleet.toml": Expect(2, "fleet.toml not found", needs="hardware"),

@@ -38,18 +38,27 @@ class ModuleHarness:
     unit: str
     check_option: str
 
-    def expr(self, config: str, host: str | None = None) -> str:
+    def expr(self, config: str, host: str | None = None, profiles_dir: Path | None = None) -> str:
         path = " ".join(f'"{part}"' for part in self.option_path)
         return (
             f"import {HARNESS} {{ nixpkgsLib = {Path(NIXPKGS_LIB).resolve()}; "
             f'glm53Prefix = "{GLM53_PREFIX}"; module = {ROOT / self.module}; optionPath = [ {path} ]; '
             f'unitName = "{self.unit}"; checkOption = "{self.check_option}"; config = {{ {config} }}; '
             + (f"host = {{ {host} }}; " if host is not None else "")
+            + (f"profilesDir = {profiles_dir.resolve()}; " if profiles_dir is not None else "")
             + "}"
         )
 
-    def evaluate(self, config: str, host: str | None = None) -> subprocess.CompletedProcess[str]:
-        expr = f"let r = {self.expr(config, host)}; in {{ inherit (r) failedAssertions ports service; }}"
+    def evaluate(
+        self,
+        config: str,
+        host: str | None = None,
+        *,
+        profiles_dir: Path | None = None,
+        fields: tuple[str, ...] = ("failedAssertions", "ports", "service"),
+    ) -> subprocess.CompletedProcess[str]:
+        """Evaluate the module with `config` under its option path; `fields` of the harness's result as JSON."""
+        expr = f"let r = {self.expr(config, host, profiles_dir)}; in {{ inherit (r) {' '.join(fields)}; }}"
         return subprocess.run(
             ["nix", "eval", "--json", "--impure", "--expr", expr],
             cwd=ROOT,

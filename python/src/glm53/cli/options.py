@@ -43,6 +43,14 @@ ApiKeyFileOpt = Annotated[
     Path | None,
     typer.Option("--api-key-file", help="File holding the API key; passed to vLLM as VLLM_API_KEY, never in argv."),
 ]
+RigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rig",
+        help="Plan for a described machine instead of this one: a packaged rig (recipe-2x3090, one-3090) or a "
+        "JSON file (docs/plan.md).",
+    ),
+]
 PlanEnvOpt = Annotated[
     Path | None,
     typer.Option(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt
+from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt, RigOpt
 from glm53.errors import BadInput
 from glm53.output import Output
 
@@ -29,14 +29,7 @@ def plan(
     gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Memory of each GPU: 24GiB,24GiB.")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="Number of GPUs (with --gpu).")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Memory of each of --gpus GPUs, e.g. 24GiB.")] = None,
-    rig: Annotated[
-        str | None,
-        typer.Option(
-            "--rig",
-            help="Plan for this rig, not this machine: a packaged rig's name (recipe-2x3090: the recipe's 2x RTX "
-            "3090, 128 GB, Threadripper PRO 5975WX) or a rig file (docs/plan.md).",
-        ),
-    ] = None,
+    rig: RigOpt = None,
     ram: Annotated[
         str | None, typer.Option("--ram", help="The target's RAM (MemTotal), e.g. 128GiB, instead of this machine's.")
     ] = None,

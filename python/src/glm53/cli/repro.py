@@ -103,10 +103,16 @@ def resolve_cmd(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Write without asking.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be fetched; fetch nothing.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds each git fetch may take.")] = 900.0,
+    update: Annotated[
+        list[str] | None,
+        typer.Option("--update", help="Move this pin to its upstream's newest commit (tabbyapi).", metavar="PIN"),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Fill the lock's open source pins: the full commit of each short one and its Nix hash (NAR sha256).
 
+    TabbyAPI (engine.tabbyapi) gets the hash of its commit; when its commit is null, or with
+    `--update tabbyapi`, the newest commit of its upstream's default branch, its hash and date.
     Asks the upstream git server (a network fetch); shows the diff, then asks before writing (or --yes).
     Exit 3 when a server cannot be reached: nothing is written.
     """
@@ -116,7 +122,8 @@ def resolve_cmd(
     path = lock_path or find_repro_lock(Path.cwd())
     if path is None:
         raise BadInput("repro.lock.json not found", hint="pass --lock FILE")
-    pending = pending_pins(load_repro_lock(path))
+    updates = tuple(update or ())
+    pending = pending_pins(load_repro_lock(path), update=updates)
     out = Output(json_mode=json_out)
     if dry_run or not pending:
         payload = {"lock": str(path), "would_fetch": [p.model_dump() for p in pending], "written": False}
@@ -127,7 +134,7 @@ def resolve_cmd(
             ),
         )
         return
-    result, old, new = plan_resolution(path, timeout=timeout)
+    result, old, new = plan_resolution(path, timeout=timeout, update=updates)
     if not json_out:
         typer.echo(result.diff, nl=False)
     if not yes:

@@ -16,6 +16,7 @@ from glm53.cli.options import (
     PlanEnvOpt,
     PortOpt,
     ProfileOpt,
+    RigOpt,
     SetOpt,
 )
 from glm53.output import Output
@@ -34,6 +35,7 @@ def serve_cmd(
     env_file: EnvFileOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     plan_env: PlanEnvOpt = None,
+    rig: RigOpt = None,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print exactly the command, environment and CPU affinity; start nothing."),
@@ -44,14 +46,17 @@ def serve_cmd(
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Serve a checkpoint with vLLM: check the host, plan its expert pools, exec `vllm serve`.
+    """Serve a checkpoint: check the host, plan its expert pools, exec the profile's engine.
 
-    A GPU profile without --plan-env is planned on this host first. --dry-run shows exactly what that start
-    would exec (argv, environment, CPU affinity), each value with its origin.
+    vLLM profiles exec `vllm serve`; exllamav3 profiles (exl3-*) write TabbyAPI's config and exec TabbyAPI with
+    ExLlamaV3. A GPU profile without --plan-env is planned on this host first (--rig plans another machine).
+    --dry-run shows exactly what that start would exec (argv, environment, CPU affinity, config file), each
+    value with its origin.
 
     Examples:
       glm53 serve --model-dir /models/glm53 --profile agent-256k
       glm53 serve --profile agent-256k --dry-run
+      glm53 serve --profile exl3-2x3090 --rig recipe-2x3090 --dry-run
       glm53 serve --model-dir DIR --set MAX_MODEL_LEN=131072 --api-key-file ~/.config/glm53/key
       glm53 serve --profile cpu-tiny --model-dir ~/.cache/glm53/demo/glm53-tiny --port 8001
     """
@@ -67,6 +72,7 @@ def serve_cmd(
         env_file=env_file,
         api_key_file=api_key_file,
         plan_env=plan_env,
+        rig=rig,
         skip_preflight=skip_preflight,
         skip_flag_check=skip_flag_check,
     )

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
+from glm53.host.exl3_engine import Exl3EngineFacts, check_exl3_engine, read_exl3_engine
 from glm53.host.facts import HostFacts, read_host_facts
 from glm53.host.gpus import GpuInfo, read_gpus
 from glm53.host.native_libs import MissingLibrary, describe_missing, missing_engine_libraries
@@ -44,6 +45,8 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 HOST_OVERHEAD_BYTES = 10 * GIB
 TINY_RAM_BYTES = 4 * GIB
 ENGINE_LIBRARIES_CHECK = "engine libraries"
+# Every compute capability ExLlamaV3 supports (8.0 and newer): same major, any minor (HostLimits.runs_on).
+EXL3_CAPABILITIES = [(8, 0), (9, 0), (10, 0), (11, 0), (12, 0)]
 
 
 class Check(BaseModel):
@@ -76,6 +79,7 @@ class Requirements(BaseModel):
     gpus: int = 0
     pinned_memory: bool = False
     ram_bytes: int = TINY_RAM_BYTES
+    engine: str = "vllm"
 
 
 class HostLimits(BaseModel):
@@ -90,6 +94,7 @@ class HostLimits(BaseModel):
     gpu_count: int
     gpu_memory_bytes: int
     system_memory_bytes: int
+    exllamav3_version: str = "1.4.6"
 
     @property
     def gpu_memory_min_bytes(self) -> int:
@@ -118,6 +123,7 @@ def limits_from_lock(lock: ReproLock) -> HostLimits:
         gpu_count=hw.gpu_count,
         gpu_memory_bytes=hw.gpu_memory_mib * MIB,
         system_memory_bytes=hw.system_memory_gib * GIB,
+        exllamav3_version=lock.engine.exllamav3.version,
     )
 
 
@@ -144,6 +150,8 @@ class TargetFacts(BaseModel):
 class DoctorFacts(BaseModel):
     host: HostFacts
     target: TargetFacts
+    # The exllamav3 engine's installation (read only for its profiles).
+    exl3: Exl3EngineFacts | None = None
 
 
 # ---------------------------------------------------------------- readers (I/O)
@@ -192,6 +200,7 @@ def read_facts(
     gpu_reader: Callable[[], list[GpuInfo]] = read_gpus,
     engine_libraries: Callable[[], list[MissingLibrary]] = missing_engine_libraries,
     machine: str | None = None,
+    engine: str = "vllm",
 ) -> DoctorFacts:
     target = TargetFacts(address=host, port=port, port_error=port_error(host, port) if port is not None else None)
     if model_dir is not None and (missing := missing_directory(model_dir)) is not None:
@@ -207,6 +216,9 @@ def read_facts(
                 "index_detail": index_detail,
             }
         )
+    if engine == "exllamav3":  # vLLM's libraries are not this engine's
+        facts = read_host_facts(root, gpu_reader=gpu_reader, engine_libraries=None, machine=machine)
+        return DoctorFacts(host=facts, target=target, exl3=read_exl3_engine())
     facts = read_host_facts(root, gpu_reader=gpu_reader, engine_libraries=engine_libraries, machine=machine)
     return DoctorFacts(host=facts, target=target)
 
@@ -215,7 +227,10 @@ def read_facts(
 
 
 def requirements_for(profile: Profile) -> Requirements:
-    """GPU profiles: tensor-parallel-size GPUs, pinned host pools for UVA offload, RAM for the offload."""
+    """GPU profiles: tensor-parallel-size GPUs, pinned host pools for UVA offload, RAM for the offload;
+    exllamav3 profiles: GPUS GPUs (its planner checks the RAM its CPU experts need)."""
+    if profile.engine == "exllamav3":
+        return Requirements(engine="exllamav3", gpus=int(profile.value("GPUS") or "1"), ram_bytes=HOST_OVERHEAD_BYTES)
     uses_gpu = (
         profile.is_set("TENSOR_PARALLEL_SIZE")
         or profile.is_set("GPU_MEMORY_UTILIZATION")
@@ -519,6 +534,8 @@ def check_model(f: TargetFacts) -> list[Check]:
 
 
 ENGINE_LIBRARIES_CHECK = "engine libraries"
+# Every compute capability ExLlamaV3 supports (8.0 and newer): same major, any minor (HostLimits.runs_on).
+EXL3_CAPABILITIES = [(8, 0), (9, 0), (10, 0), (11, 0), (12, 0)]
 
 
 def check_engine_libraries(f: HostFacts) -> Check:
@@ -536,7 +553,14 @@ def run_checks(
     facts: DoctorFacts, need: Requirements, limits: HostLimits, *, profile: str | None = None
 ) -> DoctorReport:
     host = facts.host
-    checks: list[Check] = [check_platform(host), check_engine_libraries(host)]
+    checks: list[Check] = [check_platform(host)]
+    if need.engine == "exllamav3":
+        # ExLlamaV3's extension is built for the serving GPUs (sm_80 and newer), not for vLLM's capability list.
+        limits = limits.model_copy(update={"capabilities": EXL3_CAPABILITIES})
+        engine = facts.exl3 if facts.exl3 is not None else read_exl3_engine()
+        checks += [Check(**c) for c in check_exl3_engine(engine, host.gpus, limits.exllamav3_version)]  # type: ignore[arg-type]
+    else:
+        checks.append(check_engine_libraries(host))
     checks += check_gpus(host, need, limits)
     checks += [check_ram(host, need), check_memlock(host, need)]
     checks += check_shm(host)

@@ -42,6 +42,17 @@ PLANNED_KEYS = (
 )
 
 
+# What the ExLlamaV3 planner fills (glm53.plan.exl3).
+PLANNED_KEYS_EXL3 = (
+    "GPU_SPLIT",
+    "CACHE_SIZE",
+    "EXL3_MOE_CPU_SPLIT",
+    "EXL3_MOE_CPU_SPLIT_LAYERS",
+    "CPU_MOE_OFFLOAD_LAYERS",
+    "EXL3_MOE_CPU_THREADS",
+)
+
+
 def capacity_plan_text(plan: Plan) -> str:
     return ",".join(f"{layer.layer}:{layer.slots}:{layer.pinned}" for layer in plan.cache.layers)
 
@@ -179,6 +190,7 @@ def plan_serving_env(
 
 __all__ = [
     "PLANNED_KEYS",
+    "PLANNED_KEYS_EXL3",
     "RANKINGS_FILENAME",
     "SavedPlan",
     "capacity_plan_text",

@@ -500,7 +500,7 @@ def plan_for_host(
     if gpus is not None:
         parts.append("GPUs " + ", ".join(f"{gpu.total_bytes / GIB:g} GiB" for gpu in gpus))
     if parts:
-        whole = target is not None and target.ram() is not None and target.layout() is not None and described
+        whole = target is not None and target.ram() is not None and target.topology() is not None and described
         rest = "" if whole else " (what is not described: this host)"
         plan = plan.model_copy(update={"target": "; ".join(parts) + rest})
     return plan

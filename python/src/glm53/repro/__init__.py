@@ -16,9 +16,9 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from glm53.errors import BadInput, Unavailable, invalid_document
 from glm53.fsutil import read_bytes_bounded, read_json
@@ -28,6 +28,9 @@ SCHEMA_VERSION = 1
 MAX_TRACKED_FILE_BYTES = 20 * 1024 * 1024
 _HEX40 = r"^[0-9a-f]{40}$"
 _SRI = r"^sha256-[A-Za-z0-9+/]{43}=$"
+_SHA256_HEX = r"^[0-9a-f]{64}$"
+# A distribution name as PyPI normalises it (PEP 503): lower case, runs of "-", "_", "." as one "-".
+_PYPI_NAME = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 
 
 class _Strict(BaseModel):
@@ -64,7 +67,7 @@ class SourcePin(_Strict):
 class WheelPin(_Strict):
     url: str
     size: int
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str = Field(pattern=_SHA256_HEX)
     hash: str = Field(pattern=_SRI)
 
 
@@ -73,6 +76,34 @@ class ExllamaPin(_Strict):
     version: str
     rev: str = Field(pattern=_HEX40)
     wheel: WheelPin
+
+
+class PythonWheelPin(_Strict):
+    """A PyPI wheel the engine's Python environment needs and the pinned nixpkgs lacks (or has too old)."""
+
+    version: str = Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")
+    url: str = Field(pattern=r"^https://files\.pythonhosted\.org/packages/[^?#]+/[^/?#]+\.whl$")
+    sha256: str = Field(pattern=_SHA256_HEX)
+
+
+class TabbyapiPin(_Strict):
+    """TabbyAPI, the OpenAI-compatible server of the exllamav3 engine: a GitHub source tree at a commit (rev)
+    with the NAR hash fetchFromGitHub checks, and the PyPI wheels its environment adds to nixpkgs'."""
+
+    url: str = Field(pattern=r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    rev: str | None = Field(default=None, pattern=_HEX40)
+    hash: str | None = Field(default=None, pattern=_SRI)
+    date: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+    python: dict[Annotated[str, StringConstraints(pattern=_PYPI_NAME)], PythonWheelPin]
+
+    @model_validator(mode="after")
+    def _wheels_are_what_they_say(self) -> TabbyapiPin:
+        for name, wheel in self.python.items():
+            filename = wheel.url.rsplit("/", 1)[1]
+            prefix = f"{name.replace('-', '_')}-{wheel.version}-"
+            if not filename.lower().startswith(prefix):
+                raise ValueError(f"python.{name}.url is {filename}, not a wheel of {name} {wheel.version}")
+        return self
 
 
 class CudaPin(_Strict):
@@ -100,6 +131,7 @@ class EnginePins(_Strict):
     vllm: SourcePin
     glm53_overlay: SourcePin
     exllamav3: ExllamaPin
+    tabbyapi: TabbyapiPin
     cuda: CudaPin
     vllm_cmake_sources: CmakeSourcePins
 
@@ -152,9 +184,10 @@ class ReproLock(_Strict):
 
     def unpinned(self) -> list[str]:
         """Lock fields still null: a release build cannot be made until they are filled."""
-        pins: list[tuple[str, SourcePin | FetchedSourcePin]] = [
+        pins: list[tuple[str, SourcePin | TabbyapiPin | FetchedSourcePin]] = [
             ("engine.vllm", self.engine.vllm),
             ("engine.glm53_overlay", self.engine.glm53_overlay),
+            ("engine.tabbyapi", self.engine.tabbyapi),
             *(
                 (f"engine.vllm_cmake_sources.sources.{name}", pin)
                 for name, pin in sorted(self.engine.vllm_cmake_sources.sources.items())  # as Nix lists them

@@ -22,6 +22,11 @@ def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Conso
         "GLM-5.3 overlay", f"{lock.engine.glm53_overlay.short_rev} rev {lock.engine.glm53_overlay.rev or 'unpinned'}"
     )
     table.add_row("ExLlamaV3", f"{lock.engine.exllamav3.version} = {lock.engine.exllamav3.rev}")
+    tabby = lock.engine.tabbyapi
+    wheels = ", ".join(f"{name} {wheel.version}" for name, wheel in sorted(tabby.python.items()))
+    table.add_row(
+        "TabbyAPI", f"rev {tabby.rev or 'unpinned'} ({tabby.date})" + (f"; PyPI wheels: {wheels}" if wheels else "")
+    )
     table.add_row(
         "CUDA",
         f"{lock.engine.cuda.version}, driver >= {lock.engine.cuda.driver_min}, "

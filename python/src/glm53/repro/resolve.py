@@ -1,9 +1,12 @@
 """`glm53 repro resolve`: turn the lock's short source commits into full pins (commit + Nix content hash).
 
-For each source pin with `short_rev` set and `rev` or `hash` null:
+For each source pin with `short_rev` set and `rev` or `hash` null, and for `engine.tabbyapi` with `rev` or `hash`
+null (or named by `--update`):
 1. the full commit: `git fetch --filter=tree:0` of the upstream's branches and tags into a temporary bare
    repository (commits only, no trees or blobs), then `git rev-parse --disambiguate`; no match or more than one
-   is an error naming the short hash. (`git ls-remote` lists only ref tips, not every commit.)
+   is an error naming the short hash. (`git ls-remote` lists only ref tips, not every commit.) TabbyAPI has no
+   short commit: its `rev` is kept, or, when null or updated, is the upstream's default branch (`git ls-remote
+   URL HEAD`), and its `date` is that commit's.
 2. the tree: `git fetch --depth=1 URL <commit>` into a second temporary repository (servers that refuse a fetch
    by commit get a plain fetch of their branches and tags instead), then `git archive <commit>`: the tree
    GitHub's tarball holds, so the tree fetchFromGitHub unpacks.
@@ -31,6 +34,8 @@ from glm53.repro import ReproLock, SourcePin, load_repro_lock
 from glm53.repro.nar import nar_hash_tar
 
 SOURCE_PINS = ("vllm", "glm53_overlay")
+# Pins that follow the upstream's default branch rather than a published short commit.
+HEAD_PINS = ("tabbyapi",)
 _SHORT = re.compile(r"^[0-9a-f]{4,40}$")
 DEFAULT_TIMEOUT_S = 900.0
 # Messages git prints when the server cannot be reached or goes away mid-transfer.
@@ -56,16 +61,22 @@ _NETWORK_ERRORS = (
 class PendingPin(BaseModel):
     name: str
     url: str
-    short_rev: str
+    short_rev: str | None  # None: the pin follows the upstream's default branch (HEAD)
     rev: str | None
 
 
 class ResolvedPin(BaseModel):
     name: str
     url: str
-    short_rev: str
+    short_rev: str | None
     rev: str
     hash: str
+    date: str | None = None  # the commit's date, for pins that record it
+
+
+def _wanted(pin: PendingPin) -> str:
+    """What is fetched for the pin, for messages."""
+    return pin.rev or pin.short_rev or "the newest commit of its default branch"
 
 
 class Resolution(BaseModel):
@@ -75,8 +86,15 @@ class Resolution(BaseModel):
     written: bool = False
 
 
-def pending_pins(lock: ReproLock) -> list[PendingPin]:
-    """Source pins that name a short commit but lack the full commit or its hash."""
+def pending_pins(lock: ReproLock, *, update: tuple[str, ...] = ()) -> list[PendingPin]:
+    """Source pins that name a short commit but lack the full commit or its hash; TabbyAPI when its commit or
+    hash is null, or when `update` names it (then its newest upstream commit)."""
+    unknown = [name for name in update if name not in HEAD_PINS]
+    if unknown:
+        raise BadInput(
+            f"cannot update {', '.join(unknown)}: only {', '.join(HEAD_PINS)} follows an upstream branch",
+            hint="the other pins are fixed commits; edit them in the lock",
+        )
     pending = []
     for name in SOURCE_PINS:
         pin: SourcePin = getattr(lock.engine, name)
@@ -90,11 +108,15 @@ def pending_pins(lock: ReproLock) -> list[PendingPin]:
         if pin.rev is not None and not pin.rev.startswith(short):
             raise BadInput(f"engine.{name}: rev {pin.rev} does not start with short_rev {short}")
         pending.append(PendingPin(name=name, url=pin.url, short_rev=short, rev=pin.rev))
+    tabby = lock.engine.tabbyapi
+    if "tabbyapi" in update or tabby.rev is None or tabby.hash is None:
+        rev = None if "tabbyapi" in update else tabby.rev
+        pending.append(PendingPin(name="tabbyapi", url=tabby.url, short_rev=None, rev=rev))
     return pending
 
 
 def describe_fetches(pending: list[PendingPin]) -> str:
-    return "; ".join(f"engine.{p.name}: {p.short_rev} from {p.url}" for p in pending)
+    return "; ".join(f"engine.{p.name}: {_wanted(p)} from {p.url}" for p in pending)
 
 
 def _git_env() -> dict[str, str]:
@@ -117,7 +139,7 @@ def _git(args: list[str], *, what: str, pin: PendingPin, timeout: float) -> subp
     except subprocess.TimeoutExpired as exc:
         raise Unavailable(
             f"engine.{pin.name}: {what} from {pin.url} took longer than {timeout:.0f} s",
-            hint=f"check the network and run again; it would fetch {pin.short_rev} from {pin.url}",
+            hint=f"check the network and run again; it would fetch {_wanted(pin)} from {pin.url}",
         ) from exc
     return done
 
@@ -130,7 +152,7 @@ def _fail(done: subprocess.CompletedProcess[bytes], *, what: str, pin: PendingPi
     if any(marker in message.lower() for marker in _NETWORK_ERRORS):
         raise Unavailable(
             f"engine.{pin.name}: {what} from {pin.url} failed: {last}",
-            hint=f"run again where {pin.url} is reachable; it would fetch {pin.short_rev} (nothing was written)",
+            hint=f"run again where {pin.url} is reachable; it would fetch {_wanted(pin)} (nothing was written)",
         )
     raise BadInput(f"engine.{pin.name}: {what} from {pin.url} failed: {last}")
 
@@ -139,9 +161,12 @@ _REFSPECS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 
 
 def full_commit(pin: PendingPin, work: Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
-    """The one commit upstream whose id starts with the short one (from the upstream's branches and tags)."""
+    """The one commit upstream whose id starts with the short one (from the upstream's branches and tags); for a
+    pin without a short commit, the tip of the upstream's default branch."""
     if pin.rev is not None:
         return pin.rev
+    if pin.short_rev is None:
+        return _head_commit(pin, timeout=timeout)
     repo = work / f"{pin.name}-commits.git"
     subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True, env=_git_env())
     done = _git(
@@ -177,6 +202,29 @@ def full_commit(pin: PendingPin, work: Path, *, timeout: float = DEFAULT_TIMEOUT
             hint="set a longer short_rev (or rev) in the lock",
         )
     return commits[0]
+
+
+def _head_commit(pin: PendingPin, *, timeout: float) -> str:
+    done = _git(["ls-remote", pin.url, "HEAD"], what="reading HEAD", pin=pin, timeout=timeout)
+    _fail(done, what="reading HEAD", pin=pin)
+    fields = done.stdout.decode(errors="replace").split()
+    if len(fields) < 2 or fields[1] != "HEAD" or not re.fullmatch(r"[0-9a-f]{40}", fields[0]):
+        raise BadInput(f"engine.{pin.name}: {pin.url} names no default branch (HEAD)", hint="set rev in the lock")
+    return fields[0]
+
+
+def commit_date(pin: PendingPin, rev: str, work: Path) -> str:
+    """The committer date (YYYY-MM-DD) of `rev`, read from the repository `tree_hash` fetched it into."""
+    shown = subprocess.run(
+        ["git", "-C", str(work / f"{pin.name}-tree.git"), "log", "-1", "--format=%cs", rev],
+        capture_output=True,
+        env=_git_env(),
+        check=False,
+    )
+    date = shown.stdout.decode().strip()
+    if shown.returncode != 0 or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", date):
+        raise BadInput(f"engine.{pin.name}: cannot read the date of {rev}: {shown.stderr.decode(errors='replace')}")
+    return date
 
 
 def tree_hash(pin: PendingPin, rev: str, work: Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
@@ -220,7 +268,10 @@ def resolve_pins(
         for pin in pending:
             rev = full_commit(pin, Path(tmp), timeout=timeout)
             digest = tree_hash(pin, rev, Path(tmp), timeout=timeout)
-            resolved.append(ResolvedPin(name=pin.name, url=pin.url, short_rev=pin.short_rev, rev=rev, hash=digest))
+            date = commit_date(pin, rev, Path(tmp)) if pin.name in HEAD_PINS else None
+            resolved.append(
+                ResolvedPin(name=pin.name, url=pin.url, short_rev=pin.short_rev, rev=rev, hash=digest, date=date)
+            )
     return resolved
 
 
@@ -269,7 +320,8 @@ def updated_lock_text(text: str, resolved: list[ResolvedPin]) -> str:
     new = text
     expected = json.loads(text)
     for pin in resolved:
-        for key, value in (("rev", pin.rev), ("hash", pin.hash)):
+        fields = [("rev", pin.rev), ("hash", pin.hash)] + ([("date", pin.date)] if pin.date is not None else [])
+        for key, value in fields:
             new = _set_field(new, ("engine", pin.name), key, value)
             expected["engine"][pin.name][key] = value
     if json.loads(new) != expected:
@@ -286,11 +338,13 @@ def lock_diff(path: Path, old: str, new: str) -> str:
     )
 
 
-def plan_resolution(path: Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[Resolution, str, str]:
+def plan_resolution(
+    path: Path, *, timeout: float = DEFAULT_TIMEOUT_S, update: tuple[str, ...] = ()
+) -> tuple[Resolution, str, str]:
     """Resolve every pending pin of the lock at `path`: (the result with its diff, the old text, the new text).
     Writes nothing."""
     lock = load_repro_lock(path)
-    pending = pending_pins(lock)
+    pending = pending_pins(lock, update=update)
     old = read_text_bounded(path, what="repro lock")
     if not pending:
         return Resolution(lock=str(path), resolved=[], diff=""), old, old
@@ -310,9 +364,11 @@ def write_resolution(path: Path, old: str, new: str) -> None:
 
 
 __all__ = [
+    "HEAD_PINS",
     "PendingPin",
     "Resolution",
     "ResolvedPin",
+    "commit_date",
     "describe_fetches",
     "full_commit",
     "pending_pins",

@@ -7,6 +7,7 @@ argv (visible in /proc/PID/cmdline) nor printed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -64,11 +65,62 @@ def apply_affinity(cpus: list[int] | None) -> None:
         ) from exc
 
 
+def prepare_run_dir(spec: LaunchSpec, api_key: str | None) -> None:
+    """The engine's private working directory (TabbyAPI): created 0700 if absent, refused if it is a link or
+    another user's; its files written atomically 0600, the API key file too (and removed when there is none,
+    so that a key from an earlier start cannot linger)."""
+    import secrets
+
+    from glm53.fsutil import atomic_write_bytes
+    from glm53.serve.tabby import API_TOKENS_NAME
+
+    assert spec.cwd is not None
+    directory = Path(spec.cwd)
+    try:
+        directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, exist_ok=True)
+        info = directory.lstat()
+    except OSError as exc:
+        raise Unavailable(
+            f"cannot create {directory}: {exc.strerror}", hint="set XDG_RUNTIME_DIR to a private folder"
+        ) from exc
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise Unavailable(
+            f"{directory} is not a directory of this user", hint="remove it, or set XDG_RUNTIME_DIR elsewhere"
+        )
+    os.chmod(directory, 0o700)
+    for name, text in spec.files.items():
+        atomic_write_bytes(directory / name, text.encode(), mode=0o600)
+    tokens = directory / API_TOKENS_NAME
+    if api_key is not None:
+        # TabbyAPI's admin key may load and unload models: a random one nobody is told.
+        content = json.dumps({"api_key": api_key, "admin_key": secrets.token_hex(32)}) + "\n"
+        atomic_write_bytes(tokens, content.encode(), mode=0o600)
+    else:
+        tokens.unlink(missing_ok=True)
+
+
 def exec_launch(
     spec: LaunchSpec, *, api_key: str | None = None, inherited: Mapping[str, str] | None = None
 ) -> NoReturn:
-    """Replace this process with vLLM. Only returns by raising (the command cannot be found)."""
-    env = environment_for_exec(spec, os.environ if inherited is None else inherited, api_key)
+    """Replace this process with the engine. Only returns by raising (the command cannot be found)."""
+    base = os.environ if inherited is None else inherited
+    if spec.engine == "exllamav3":
+        from glm53.serve.tabby import clean_environment
+
+        env = environment_for_exec(spec, clean_environment(base), None)
+        program = spec.argv[0]
+        if not Path(spec.argv[1]).is_file():
+            raise Unavailable(
+                f"{spec.argv[1]} not found", hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree (docs/serve.md)"
+            )
+        prepare_run_dir(spec, api_key)
+        os.chdir(spec.cwd or "/")
+        apply_affinity(spec.cpu_affinity)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(program, spec.argv, env)
+    env = environment_for_exec(spec, base, api_key)
     program = spec.argv[0]
     if os.sep not in program and shutil.which(program, path=env.get("PATH")) is None:
         raise Unavailable(

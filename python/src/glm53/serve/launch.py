@@ -36,6 +36,8 @@ class PlanInput(BaseModel):
 
     env: dict[str, str] = Field(default_factory=dict)
     cpu_affinity: list[int] | None = None
+    # The plan in one line (what goes where, the predicted rate), for the dry run and the start's log.
+    summary: str = ""
 
 
 class LaunchSpec(BaseModel):
@@ -52,6 +54,11 @@ class LaunchSpec(BaseModel):
     port: int
     # True when an API key will be passed in VLLM_API_KEY (never shown, never in argv).
     api_key: bool = False
+    # The engine started; exllamav3 (TabbyAPI) runs in `cwd` and reads `files` written there first
+    # (name -> content; the API key file is written at start and never shown).
+    engine: str = "vllm"
+    cwd: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
 
     @property
     def base_url(self) -> str:

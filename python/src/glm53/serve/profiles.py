@@ -31,7 +31,11 @@ from glm53.errors import BadInput
 from glm53.fsutil import parse_json
 
 Kind = Literal["str", "int", "float", "bool", "json", "path"]
-Role = Literal["flag", "env"]
+# flag: a vLLM command-line flag; env: exported to the engine's environment; config: a field of the engine's
+# own config file (TabbyAPI's config.yml); meta: read by glm53 itself (which engine serves the profile).
+Role = Literal["flag", "env", "config", "meta"]
+Engine = Literal["vllm", "exllamav3"]
+ENGINES: tuple[Engine, ...] = ("vllm", "exllamav3")
 Origin = Literal["profile", "plan", "env-file", "env", "set"]
 
 PROFILES_RESOURCE = "data/profiles"
@@ -64,6 +68,16 @@ class KeySpec:
     style: FlagStyle = "value"
     # Inclusive range of an int or float key; every number must also be finite.
     bounds: tuple[float, float] = (0, 2**62)
+    # The engines that read this key; a profile may set only its own engine's keys.
+    engines: tuple[Engine, ...] = ("vllm",)
+    # The field of the engine's config file a config key renders to ("model.max_seq_len").
+    config: str | None = None
+    # The only values a str key takes (None: any string).
+    choices: tuple[str, ...] | None = None
+    # A str key holding a comma-separated list of numbers (GPU_SPLIT, AUTOSPLIT_RESERVE).
+    number_list: bool = False
+    # A regular expression a str value must match in full, with its human form (None: any string).
+    pattern: tuple[str, str] | None = None
 
 
 _DEFAULT_BOUNDS = KeySpec.bounds
@@ -71,9 +85,47 @@ _INT31 = 2**31 - 1
 
 
 def _env(
-    key: str, doc: str, kind: Kind = "str", *, recipe: bool = True, bounds: tuple[float, float] = _DEFAULT_BOUNDS
+    key: str,
+    doc: str,
+    kind: Kind = "str",
+    *,
+    recipe: bool = True,
+    bounds: tuple[float, float] = _DEFAULT_BOUNDS,
+    engines: tuple[Engine, ...] = ("vllm",),
+    choices: tuple[str, ...] | None = None,
 ) -> KeySpec:
-    return KeySpec(key, kind, "env", doc, recipe, bounds=bounds)
+    return KeySpec(key, kind, "env", doc, recipe, bounds=bounds, engines=engines, choices=choices)
+
+
+_EXL3: tuple[Engine, ...] = ("exllamav3",)
+_BOTH: tuple[Engine, ...] = ENGINES
+
+
+def _tabby(
+    key: str,
+    kind: Kind,
+    field: str,
+    doc: str,
+    *,
+    bounds: tuple[float, float] = _DEFAULT_BOUNDS,
+    choices: tuple[str, ...] | None = None,
+    number_list: bool = False,
+    pattern: tuple[str, str] | None = None,
+) -> KeySpec:
+    """A field of TabbyAPI's config.yml (common/config_models.py at the pinned commit names them)."""
+    return KeySpec(
+        key,
+        kind,
+        "config",
+        doc,
+        recipe=False,
+        bounds=bounds,
+        engines=_EXL3,
+        config=field,
+        choices=choices,
+        number_list=number_list,
+        pattern=pattern,
+    )
 
 
 def _flag(
@@ -85,8 +137,21 @@ def _flag(
     recipe: bool = True,
     style: FlagStyle | None = None,
     bounds: tuple[float, float] = _DEFAULT_BOUNDS,
+    engines: tuple[Engine, ...] = ("vllm",),
+    config: str | None = None,
 ) -> KeySpec:
-    return KeySpec(key, kind, "flag", doc, recipe, flag, style or ("bool" if kind == "bool" else "value"), bounds)
+    return KeySpec(
+        key,
+        kind,
+        "flag",
+        doc,
+        recipe,
+        flag,
+        style or ("bool" if kind == "bool" else "value"),
+        bounds,
+        engines=engines,
+        config=config,
+    )
 
 
 # The flag keys, in the argv order of the recipe's `config.launch` (the server's --host and --port, which are
@@ -98,8 +163,24 @@ _SPECS: tuple[KeySpec, ...] = (
     _flag("MODEL_IMPL", "str", "--model-impl", "vllm or transformers", recipe=False),
     _flag("QUANTIZATION", "str", "--quantization", "exl3 needs the GLM-5.3 overlay", recipe=False),
     _flag("DTYPE", "str", "--dtype", "activation dtype", recipe=False),
-    _flag("MAX_MODEL_LEN", "int", "--max-model-len", "context window in tokens", bounds=(1, _INT31)),
-    _flag("MAX_NUM_SEQS", "int", "--max-num-seqs", "concurrent sequences", bounds=(1, 65536)),
+    _flag(
+        "MAX_MODEL_LEN",
+        "int",
+        "--max-model-len",
+        "context window in tokens (exllamav3: TabbyAPI's model.max_seq_len)",
+        bounds=(1, _INT31),
+        engines=_BOTH,
+        config="model.max_seq_len",
+    ),
+    _flag(
+        "MAX_NUM_SEQS",
+        "int",
+        "--max-num-seqs",
+        "concurrent sequences (exllamav3: TabbyAPI's model.max_batch_size)",
+        bounds=(1, 65536),
+        engines=_BOTH,
+        config="model.max_batch_size",
+    ),
     _flag(
         "MAX_NUM_BATCHED_TOKENS",
         "int",
@@ -236,19 +317,154 @@ _SPECS: tuple[KeySpec, ...] = (
     ),
     _env("GLM53_PRESERVE_REASONING_TURNS", "assistant turns whose reasoning is kept in the prompt"),
     # Environment glm53 adds: offline serving, and vLLM's CPU backend.
-    _env("HF_HUB_OFFLINE", "serve the verified local checkpoint; never reach the Hub", "bool", recipe=False),
-    _env("TRANSFORMERS_OFFLINE", "same for transformers", "bool", recipe=False),
+    _env(
+        "HF_HUB_OFFLINE",
+        "serve the verified local checkpoint; never reach the Hub",
+        "bool",
+        recipe=False,
+        engines=_BOTH,
+    ),
+    _env("TRANSFORMERS_OFFLINE", "same for transformers", "bool", recipe=False, engines=_BOTH),
     _env("VLLM_NO_USAGE_STATS", "no usage reporting", "bool", recipe=False),
-    _env("DO_NOT_TRACK", "no usage reporting (generic switch)", "bool", recipe=False),
+    _env("DO_NOT_TRACK", "no usage reporting (generic switch)", "bool", recipe=False, engines=_BOTH),
     _env("VLLM_CPU_KVCACHE_SPACE", "GiB of KV cache on vLLM's CPU backend", "int", recipe=False, bounds=(1, 65536)),
     _env(
         "VLLM_CPU_OMP_THREADS_BIND",
         "CPU backend: cores the engine's OpenMP threads bind to (auto, 0-3, ...)",
         recipe=False,
     ),
+    # Which engine serves the profile; glm53 reads it, neither engine does.
+    KeySpec(
+        "ENGINE",
+        "str",
+        "meta",
+        "the engine: vllm (the recipe's) or exllamav3 (TabbyAPI + ExLlamaV3)",
+        recipe=False,
+        engines=_BOTH,
+        choices=ENGINES,
+    ),
+    KeySpec(
+        "GPUS",
+        "int",
+        "meta",
+        "exllamav3: GPUs the layers are split over (the first N the driver lists)",
+        recipe=False,
+        bounds=(1, 64),
+        engines=_EXL3,
+    ),
+    # --- exllamav3: fields of TabbyAPI's config.yml (common/config_models.py, ModelConfig) ---
+    _tabby(
+        "CACHE_SIZE",
+        "int",
+        "model.cache_size",
+        "KV cache of the DSA layers in tokens: a multiple of 256, at least MAX_MODEL_LEN (planner output)",
+        bounds=(256, _INT31),
+    ),
+    _tabby(
+        "CACHE_MODE",
+        "str",
+        "model.cache_mode",
+        "cache precision: FP16, Q8, Q6, Q4 or K,V bits (e.g. 8,6)",
+        # TabbyAPI's CACHE_TYPE: the legacy names or a k_bits,v_bits pair of 2-8
+        pattern=(r"FP16|Q8|Q6|Q4|[2-8]\s*,\s*[2-8]", "FP16, Q8, Q6, Q4 or two bit widths 2-8 like 8,6"),
+    ),
+    _tabby(
+        "GPU_SPLIT",
+        "str",
+        "model.gpu_split",
+        "GiB of weights per GPU in layer order, comma-separated (planner output; empty = autosplit)",
+        number_list=True,
+    ),
+    _tabby(
+        "AUTOSPLIT_RESERVE",
+        "str",
+        "model.autosplit_reserve",
+        "MiB kept free per GPU for cache, state and scratch when autosplitting, comma-separated (planner output)",
+        number_list=True,
+    ),
+    _tabby("CHUNK_SIZE", "int", "model.chunk_size", "prompt tokens ingested per forward pass", bounds=(256, 65536)),
+    _tabby(
+        "CPU_MOE_OFFLOAD_LAYERS",
+        "int",
+        "model.cpu_moe_offload_layers",
+        "whole-layer CPU offload: routed experts of the first N MoE layers run on the CPU (planner output; "
+        "TabbyAPI sets ExLlamaV3's moe_cpu_offload from it, overriding EXL3_MOE_CPU_OFFLOAD)",
+        bounds=(0, 4096),
+    ),
+    _tabby(
+        "PROMPT_TEMPLATE",
+        "path",
+        "model.prompt_template",
+        f"a .jinja file, or {BUILTIN_CHAT_TEMPLATE} for the packaged one; empty = the checkpoint's own",
+    ),
+    _tabby("REASONING", "bool", "model.reasoning", "split the answer into reasoning_content and content"),
+    _tabby("REASONING_START_TOKEN", "str", "model.reasoning_start_token", "opens the reasoning block"),
+    _tabby("REASONING_END_TOKEN", "str", "model.reasoning_end_token", "closes the reasoning block"),
+    _tabby(
+        "REASONING_BUDGET_TOKENS",
+        "int",
+        "model.reasoning_budget_tokens",
+        "reasoning tokens before the server forces the end of reasoning",
+        bounds=(0, _INT31),
+    ),
+    _tabby(
+        "REASONING_BUDGET_MESSAGE",
+        "json",
+        "model.reasoning_budget_message",
+        'text injected before the forced end of reasoning, as a JSON string ("\\n\\nI have thought ...")',
+    ),
+    _tabby("TOOL_FORMAT", "str", "model.tool_format", "parser of the model's tool calls (glm4_5 for GLM)"),
+    # --- exllamav3: ExLlamaV3's own environment (exllamav3/model/config.py, modules/block_sparse_mlp_cpu.py) ---
+    _env(
+        "EXL3_MOE_CPU_SPLIT",
+        "per-layer split: the tail N routed experts of every eligible MoE layer run on the CPU (planner output)",
+        "int",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(0, 32767),
+    ),
+    _env(
+        "EXL3_MOE_CPU_SPLIT_LAYERS",
+        "split only the first N eligible MoE layers (0 = all; planner output)",
+        "int",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(0, 4096),
+    ),
+    _env(
+        "EXL3_MOE_CPU_THREADS",
+        "threads of the CPU expert worker (planner output: the planned CPU pool)",
+        "int",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(1, 65536),
+    ),
+    _env(
+        "EXL3_MOE_CPU_SWAP",
+        "dynamic placement: 1 swaps hot CPU experts with cold GPU ones; 0 = static (with EXL3_MOE_CPU_SPLIT_STATS)",
+        recipe=False,
+        engines=_EXL3,
+        choices=("0", "1"),
+    ),
+    _env(
+        "EXL3_MOE_CPU_SWAP_INTERVAL",
+        "decode steps between placement sweeps (ExLlamaV3's default 128)",
+        "int",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(1, _INT31),
+    ),
+    _env(
+        "EXL3_MOE_CPU_SPLIT_STATS",
+        "static placement: JSON of per-expert routing counts per MoE layer (`glm53 plan --stats`)",
+        "path",
+        recipe=False,
+        engines=_EXL3,
+    ),
 )
 
 KEYS: dict[str, KeySpec] = {spec.key: spec for spec in _SPECS}
+CONFIG_SPECS: tuple[KeySpec, ...] = tuple(spec for spec in _SPECS if spec.config is not None)
 FLAG_SPECS: tuple[KeySpec, ...] = tuple(spec for spec in _SPECS if spec.role == "flag")
 RECIPE_KEYS: tuple[str, ...] = tuple(spec.key for spec in _SPECS if spec.recipe)
 
@@ -288,12 +504,18 @@ class Profile(BaseModel):
         raw = self.value(key)
         return None if raw == "" else raw.lower() in _TRUE
 
+    @property
+    def engine(self) -> Engine:
+        """The engine that serves this profile (ENGINE; vllm when unset, as every profile before it was)."""
+        return "exllamav3" if self.value("ENGINE") == "exllamav3" else "vllm"
+
     def env_exports(self) -> dict[str, str]:
-        """The engine environment: every env-role key that has a value, in key order."""
+        """The engine environment: every env-role key of this engine that has a value, in key order."""
+        engine = self.engine
         return {
             s.key: self.settings[s.key].value
             for s in _SPECS
-            if s.role == "env" and s.key in self.settings and self.settings[s.key].value != ""
+            if s.role == "env" and engine in s.engines and s.key in self.settings and self.settings[s.key].value != ""
         }
 
 
@@ -421,11 +643,41 @@ def _check_value(spec: KeySpec, value: str, *, where: str) -> None:
             parse_json(value, what=spec.key)
         except BadInput:
             bad = "valid JSON"
+    elif spec.choices is not None and value not in spec.choices:
+        bad = "one of " + ", ".join(spec.choices)
+    elif spec.pattern is not None and not re.fullmatch(spec.pattern[0], value):
+        bad = spec.pattern[1]
+    elif spec.number_list and parse_number_list(value) is None:
+        bad = "a comma-separated list of numbers (e.g. 21.5,23)"
     if number is not None and not spec.bounds[0] <= number <= spec.bounds[1]:
         low, high = (f"{b:g}" if spec.kind == "float" else f"{int(b):,}" for b in spec.bounds)
         bad = f"between {low} and {high}"
     if bad:
         raise BadInput(f"{where}: {spec.key}={value[:60]!r} is not {bad}", hint=f"{spec.key}: {spec.doc}")
+
+
+_NUMBER = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
+
+
+def parse_number_list(value: str) -> list[float] | None:
+    """'21.5, 23' -> [21.5, 23.0]; None unless every item is a plain non-negative number (at most 64 items)."""
+    items = [item.strip() for item in value.split(",")]
+    if not 0 < len(items) <= 64 or not all(_NUMBER.fullmatch(item) for item in items):
+        return None
+    return [float(item) for item in items]
+
+
+def _check_engine(settings: Mapping[str, Setting], name: str) -> None:
+    """A profile sets only keys its engine reads: a vLLM flag in a TabbyAPI profile would silently do nothing."""
+    engine = settings["ENGINE"].value if "ENGINE" in settings and settings["ENGINE"].value else "vllm"
+    for setting in settings.values():
+        spec = KEYS[setting.key]
+        if setting.value != "" and engine not in spec.engines:
+            readers = " and ".join(spec.engines)
+            raise BadInput(
+                f"{setting.source}: {setting.key} is read by {readers} only, and profile {name} runs on {engine}",
+                hint=f"remove {setting.key}, or choose a {readers} profile (glm53 profile list)",
+            )
 
 
 def _profile_text(name: str) -> str:
@@ -498,8 +750,11 @@ def load_profile(
                 raise unknown_key_error(line.key, where=where)
             _check_value(KEYS[line.key], line.value, where=where)
             settings[line.key] = Setting(key=line.key, value=line.value, origin="env-file", source=where)
+    engine = settings["ENGINE"].value if "ENGINE" in settings else "vllm"
     for key in KEYS:
-        if environ is not None and key in environ:
+        # The environment holds variables meant for other programs: another engine's keys are not this one's.
+        spec = KEYS[key]
+        if environ is not None and key in environ and spec.role != "meta" and (engine or "vllm") in spec.engines:
             value = environ[key]
             _check_value(KEYS[key], value, where=f"environment variable {key}")
             settings[key] = Setting(key=key, value=value, origin="env", source="environment")
@@ -509,6 +764,13 @@ def load_profile(
         _check_value(KEYS[key], value, where=f"--set {key}")
         settings[key] = Setting(key=key, value=value, origin="set", source="--set")
     ordered = {spec.key: settings[spec.key] for spec in _SPECS if spec.key in settings}
+    chosen = ordered.get("ENGINE")
+    if chosen is not None and chosen.origin != "profile" and chosen.value != (engine or "vllm"):
+        raise BadInput(
+            f"{chosen.source}: ENGINE={chosen.value} differs from profile {name}'s engine ({engine or 'vllm'})",
+            hint="the engine belongs to the profile: choose a profile of that engine (glm53 profile list)",
+        )
+    _check_engine(ordered, name)
     return Profile(name=name, description=description, settings=ordered)
 
 

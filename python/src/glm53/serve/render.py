@@ -17,12 +17,23 @@ def render_dry_run(console: Console, result: DryRun) -> None:
     console.print("[bold]# environment[/bold] (exported on top of the current one)", highlight=False)
     for key, value in spec.env.items():
         console.print(f"{key}={shlex.quote(value)}  [dim]# {spec.origins.get(key, '')}[/dim]", highlight=False)
-    if spec.api_key:
+    if spec.api_key and spec.engine == "vllm":
         console.print("VLLM_API_KEY=<from --api-key-file, not shown>", highlight=False)
     if spec.cpu_affinity:
         from glm53.host.topology import format_cpu_list
 
         console.print(f"[bold]# CPU affinity[/bold] {format_cpu_list(spec.cpu_affinity)}", highlight=False)
+    for name, text in spec.files.items():
+        console.print(f"[bold]# {spec.cwd}/{name}[/bold] (written 0600 before the start)", highlight=False)
+        console.print(text.rstrip(), highlight=False, markup=False)
+        console.print("[bold]# where each config field came from[/bold]", highlight=False)
+        for key, origin in spec.origins.items():
+            if key.startswith("config "):
+                console.print(f"{key.removeprefix('config ')}  [dim]# {origin}[/dim]", highlight=False)
+    if spec.api_key and spec.engine == "exllamav3":
+        console.print(f"[bold]# {spec.cwd}/api_tokens.yml[/bold] <from --api-key-file, not shown>", highlight=False)
+    if spec.cwd:
+        console.print(f"[bold]# working directory[/bold] {spec.cwd}", highlight=False)
     console.print("[bold]# command[/bold]", highlight=False)
     console.print(" \\\n  ".join(_argv_lines(spec.argv)), highlight=False, markup=False)
     table = Table(title="profile values", title_justify="left")
@@ -44,6 +55,12 @@ def render_dry_run(console: Console, result: DryRun) -> None:
     else:
         console.print(f"host plan: {plan.detail}", highlight=False)
     check = result.flag_check
+    if spec.engine == "exllamav3":
+        if check.checked:
+            console.print(f"config: accepted by {check.vllm_version}'s schema", highlight=False)
+        else:
+            console.print(f"config: not checked ({check.reason})", highlight=False)
+        return
     if check.checked:
         console.print(
             f"flags: accepted by {check.vllm_version}'s serve parser" + (" (cached)" if check.cached else ""),

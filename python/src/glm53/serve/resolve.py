@@ -46,6 +46,9 @@ class ServeRequest(BaseModel):
     root: Path = Path("/")
     skip_preflight: bool = False
     skip_flag_check: bool = False
+    # Plan for a described rig (a packaged name or a JSON file) instead of this host: a dry run for the
+    # machine the launch is meant for (exllamav3 profiles).
+    rig: str | None = None
 
 
 class PlanStatus(BaseModel):
@@ -53,7 +56,7 @@ class PlanStatus(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    source: Literal["plan-env", "this host", "not needed", "not planned", "impossible"]
+    source: Literal["plan-env", "this host", "rig", "not needed", "not planned", "impossible"]
     detail: str
     # Keys the plan set, or (not planned, impossible) the keys a real start would plan.
     keys: list[str] = []
@@ -91,15 +94,52 @@ def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
 PlanLayer = tuple[list[tuple[str, str, str]], PlanInput]
 
 
-def plan_on_this_host(profile: Profile, model_dir: Path | None, *, root: Path = Path("/")) -> PlanLayer:
-    """Plan the expert pools for this host and profile; the values layer over the profile exactly as a
-    `glm53 plan --env` file would. GPUs come from NVML; Unavailable when there is none."""
+def plan_on_this_host(
+    profile: Profile, model_dir: Path | None, *, root: Path = Path("/"), rig: str | None = None
+) -> PlanLayer:
+    """Plan the expert pools for this host (or the rig named) and profile; the values layer over the profile
+    exactly as a `glm53 plan --env` file would. GPUs come from NVML; Unavailable when there is none."""
+    if profile.engine == "exllamav3":
+        from glm53.host.rig import load_rig
+        from glm53.plan.exl3 import plan_exl3_for_host
+
+        exl3 = plan_exl3_for_host(
+            profile, model_dir=model_dir, root=root, rig=load_rig(rig) if rig is not None else None
+        )
+        where = f"plan (rig {rig})" if rig is not None else PLAN_THIS_HOST
+        values = [(key, value, f"{where}: {exl3.origins[key]}") for key, value in exl3.env.items()]
+        cpus = sorted(set(exl3.main_cpus) | set(exl3.cpu_pool))
+        return values, PlanInput(env={}, cpu_affinity=cpus or None, summary=exl3_summary(exl3))
+    if rig is not None:
+        raise BadInput(
+            f"--rig plans exllamav3 profiles; {profile.name} runs on vllm",
+            hint="plan a vLLM profile for another machine with `glm53 plan --gpu-memory ...`",
+        )
     from glm53.plan.env import plan_serving_env
 
     env, affinity = plan_serving_env(profile, model_dir=model_dir, root=root)
     values = [(key, value, PLAN_THIS_HOST) for key, value in env.items() if key in KEYS]
     others = {key: value for key, value in env.items() if key not in KEYS}
     return values, PlanInput(env=others, cpu_affinity=list(affinity) or None)
+
+
+def exl3_summary(plan: object) -> str:
+    """One line of an Exl3Plan: where the layers and experts go, and the predicted decode rate."""
+    from glm53.plan.exl3 import Exl3Plan
+
+    assert isinstance(plan, Exl3Plan)
+    gib = 1 << 30
+    gpus = "; ".join(
+        f"GPU {g.index}: layers {g.layers[0]}-{g.layers[-1]}, {g.resident_experts} experts"
+        if g.layers
+        else f"GPU {g.index}: no layer"
+        for g in plan.gpus
+    )
+    return (
+        f"{plan.offload.reason}; {gpus}; host RAM {plan.host.cpu_expert_bytes / gib:.1f} GiB of experts "
+        f"of a {plan.host.budget_bytes / gib:.0f} GiB budget; predicted {plan.prediction.tokens_per_s:g} tok/s "
+        f"({plan.prediction.mode}, {plan.prediction.cpu_share:.0%} of selections on the CPU)"
+    )
 
 
 def _model_dir(req: ServeRequest, *, need_model: bool) -> Path | str:
@@ -127,7 +167,7 @@ def resolve_launch(
     build-time check, whose host is not this machine. need_model: the checkpoint directory must exist.
     """
     from glm53.host.doctor import requirements_for
-    from glm53.serve.exec import api_key_file_warning, read_api_key
+    from glm53.serve.exec import read_api_key
     from glm53.serve.flags import vllm_command
 
     env_file = read_env_file(req.env_file) if req.env_file is not None else None
@@ -155,6 +195,23 @@ def resolve_launch(
     if plan_values:
         profile = layered(plan_values)
     api_key = read_api_key(req.api_key_file) if req.api_key_file is not None else None
+    if profile.engine == "exllamav3":
+        import sys
+
+        from glm53.serve.tabby import build_tabby_launch
+
+        spec = build_tabby_launch(
+            profile,
+            model_dir=model_dir,
+            host=req.host,
+            port=req.port,
+            listen_all=req.listen_all,
+            plan=plan,
+            api_key=api_key is not None,
+            environ=environ,
+            python=sys.executable,
+        )
+        return Launch(spec=spec, profile=profile, plan=status, warnings=_warnings(req, api_key), api_key=api_key)
     host_env = _driver_env(environ) if plan_here and requirements_for(profile).gpus > 0 else {}
     spec = build_launch(
         profile,
@@ -173,6 +230,12 @@ def resolve_launch(
                 "origins": {**spec.origins, **{key: origin for key, (_, origin) in host_env.items()}},
             }
         )
+    return Launch(spec=spec, profile=profile, plan=status, warnings=_warnings(req, api_key), api_key=api_key)
+
+
+def _warnings(req: ServeRequest, api_key: str | None) -> list[str]:
+    from glm53.serve.exec import api_key_file_warning
+
     warnings = []
     if req.api_key_file is not None and (group_readable := api_key_file_warning(req.api_key_file)):
         warnings.append(group_readable)
@@ -181,7 +244,7 @@ def resolve_launch(
             f"--listen-all: {req.host}:{req.port} will answer every machine that reaches it, without an API key; "
             "pass --api-key-file FILE (chmod 600)"
         )
-    return Launch(spec=spec, profile=profile, plan=status, warnings=warnings, api_key=api_key)
+    return warnings
 
 
 def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
@@ -200,24 +263,24 @@ def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
 def _plan_here(
     req: ServeRequest, profile: Profile, plan_here: bool
 ) -> tuple[PlanStatus, list[tuple[str, str, str]], PlanInput | None]:
-    from glm53.plan.env import PLANNED_KEYS
+    from glm53.plan.env import PLANNED_KEYS, PLANNED_KEYS_EXL3
 
+    planned = PLANNED_KEYS_EXL3 if profile.engine == "exllamav3" else PLANNED_KEYS
     if not plan_here:
-        status = PlanStatus(
-            source="not planned", detail="planned on the serving host at start", keys=list(PLANNED_KEYS)
-        )
+        status = PlanStatus(source="not planned", detail="planned on the serving host at start", keys=list(planned))
         return status, [], None
     try:
         # A dry run may name a directory that is not there yet (it warns): plan from the published facts then.
         readable = req.model_dir if req.model_dir is not None and missing_directory(req.model_dir) is None else None
-        values, plan = plan_on_this_host(profile, readable, root=req.root)
+        values, plan = plan_on_this_host(profile, readable, root=req.root, rig=req.rig)
     except Unavailable as exc:
-        status = PlanStatus(
-            source="impossible", detail=f"cannot plan on this host: {exc.message}", keys=list(PLANNED_KEYS)
-        )
+        status = PlanStatus(source="impossible", detail=f"cannot plan on this host: {exc.message}", keys=list(planned))
         return status, [], None
     keys = [key for key, _, _ in values] + list(plan.env)
-    return PlanStatus(source="this host", detail="planned on this host", keys=keys), values, plan
+    summary = f": {plan.summary}" if plan.summary else ""
+    if req.rig is not None:
+        return PlanStatus(source="rig", detail=f"planned for rig {req.rig}{summary}", keys=keys), values, plan
+    return PlanStatus(source="this host", detail=f"planned on this host{summary}", keys=keys), values, plan
 
 
 __all__ = [

@@ -56,6 +56,15 @@ def dry_run(req: ServeRequest, out: Output) -> DryRun:
     launch = resolve_launch(req, need_model=False)
     for warning in [*model_dir_warnings(req), *launch.warnings]:
         out.warn(warning)
+    if launch.spec.engine == "exllamav3":
+        from glm53.serve.tabby_check import tabby_config_check
+
+        flags = (
+            tabby_config_check(launch.spec)
+            if not req.skip_flag_check
+            else FlagCheck(checked=False, vllm_version=None, reason="--skip-flag-check")
+        )
+        return describe(launch, flags)
     flags = (
         check_flags(launch.spec.argv)
         if not req.skip_flag_check
@@ -84,7 +93,7 @@ def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:
 
     spec = launch.spec
     report = run_checks(
-        read_facts(req.root, host=spec.host, port=spec.port, model_dir=req.model_dir),
+        read_facts(req.root, host=spec.host, port=spec.port, model_dir=req.model_dir, engine=spec.engine),
         requirements_for(launch.profile),
         load_limits(),
         profile=req.profile,
@@ -108,9 +117,10 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
     from glm53.serve.exec import exec_launch
     from glm53.serve.flags import check_flags
 
-    require_engine_libraries()
     # Planning impossible is reported after preflight, so that one run names every problem of the host.
     launch = resolve_launch(req)
+    if launch.spec.engine == "vllm":
+        require_engine_libraries()
     for warning in launch.warnings:
         out.warn(warning)
     if not req.skip_preflight:
@@ -122,7 +132,11 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
         )
     if launch.plan.source == "this host":
         out.info(f"planned the expert pools for this host: {len(launch.plan.keys)} values")
-    if not req.skip_flag_check:
+    if launch.spec.engine == "exllamav3":
+        from glm53.serve.tabby_check import require_tabby_config
+
+        out.info(require_tabby_config(launch.spec))
+    elif not req.skip_flag_check:
         check = check_flags(launch.spec.argv)
         if check.checked:
             cached = " (cached)" if check.cached else ""

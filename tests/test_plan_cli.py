@@ -248,3 +248,15 @@ def test_simulate_writes_plots(
     assert "(c) planned" in out
     for name in ("miss-ratio-curves.png", "policies.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_missing_model_dir_is_named_before_anything_else(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tmp_path / "srv" / "models" / "glm53"
+    # Before the GPU question too: on a machine without GPUs the missing directory is what to fix first.
+    code, _, err = run(["plan", "--model-dir", str(gone)], capsys, monkeypatch)
+    assert code == 2 and f"--model-dir {gone} does not exist" in err
+    assert "without --model-dir the plan uses the published model facts" in err
+    code, _, err = run(["plan", *RIG, "--model-dir", str(gone)], capsys, monkeypatch)
+    assert code == 2 and "does not exist" in err

@@ -140,7 +140,7 @@ def test_dry_run_human_output_shows_command_env_and_origins(
         (("--profile", "cpu-tiny"), "needs the model directory"),
         (
             ("--profile", "cpu-tiny", "--model-dir", "/nonexistent/model"),
-            "is not a directory",
+            "--model-dir /nonexistent/model does not exist",
         ),
         (("--profile", "cpu-tiny", "--dry-run", "--host", "0.0.0.0"), "--listen-all"),
         (
@@ -302,3 +302,17 @@ def test_dry_run_checks_flags_for_the_gpu_profile_without_a_gpu() -> None:
         timeout=300,
     )
     assert bad.returncode == 2 and "--dtype" in bad.stderr
+
+
+def test_dry_run_names_a_missing_model_dir_and_the_placeholder(tmp_path: Path) -> None:
+    gone = tmp_path / "srv" / "models" / "glm53"
+    shown = run_glm53("serve", "--profile", "cpu-tiny", "--model-dir", str(gone), "--dry-run", "--skip-flag-check")
+    assert shown.code == 0, shown.stderr
+    assert f"--model-dir {gone} does not exist: a start would stop here (exit 2)" in shown.stderr
+    assert "glm53 model download" in shown.stderr
+    placeholder = run_glm53("serve", "--profile", "cpu-tiny", "--dry-run", "--skip-flag-check", "--json")
+    assert placeholder.code == 0
+    assert "no --model-dir: the command shows the placeholder /model" in placeholder.stderr
+    assert "/model" in placeholder.json()["launch"]["argv"]
+    start = run_glm53("serve", "--profile", "cpu-tiny", "--model-dir", str(gone))
+    assert start.code == 2 and f"--model-dir {gone} does not exist" in start.stderr

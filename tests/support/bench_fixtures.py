@@ -80,13 +80,15 @@ class VllmLikeHandler(QuietHandler):
     streamed /v1/completions that decode one token every `token_gap_s`. With `burst`, the server decodes at
     that pace but holds every event back and releases the whole stream at once at the end (what a buffering
     proxy, or a server under some loads, does); its /metrics still tell the engine's true timings. With
-    `burst_first` N, only the first N streams are held back (a host that was briefly too busy)."""
+    `burst_first` N, only the first N streams are held back (a host that was briefly too busy). Without
+    `metrics`, /metrics answers 404 (a server that exports none: nothing can vouch for a held-back stream)."""
 
     model = "stand-in"
     max_model_len = 4096
     token_gap_s = 0.003
     burst = False
     burst_first: int | None = None
+    metrics = True
     streams = 0
     api_key: str | None = None
     lock = threading.Lock()
@@ -100,9 +102,10 @@ class VllmLikeHandler(QuietHandler):
         token_gap_s: float = 0.003,
         api_key: str | None = None,
         burst_first: int | None = None,
+        metrics: bool = True,
     ) -> None:
         cls.burst, cls.token_gap_s, cls.api_key = burst or burst_first is not None, token_gap_s, api_key
-        cls.burst_first, cls.streams = burst_first, 0
+        cls.burst_first, cls.streams, cls.metrics = burst_first, 0, metrics
         cls.counters = {
             "vllm:prompt_tokens_total": 0.0,
             "vllm:generation_tokens_total": 0.0,
@@ -124,7 +127,7 @@ class VllmLikeHandler(QuietHandler):
             return
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": self.model, "max_model_len": self.max_model_len}]})
-        elif self.path == "/metrics":
+        elif self.path == "/metrics" and self.metrics:
             with self.lock:
                 text = "".join(f"{name} {value}\n" for name, value in self.counters.items())
             self._send(200, text.encode(), "text/plain; version=0.0.4")
@@ -183,6 +186,8 @@ class VllmBackendHandler(VllmLikeHandler):
     box, in blocks of 16, as vLLM's block-granular prefix cache counts them."""
 
     seen: ClassVar[list[str]] = []
+    # Its tokens are characters: the agent's scripted conversation alone is some 5,000 of them.
+    max_model_len = 32768
 
     @classmethod
     def reset(cls, *, burst: bool = False, token_gap_s: float = 0.001, api_key: str | None = None) -> None:
@@ -230,6 +235,11 @@ class VllmBackendHandler(VllmLikeHandler):
             with self.lock:
                 self.counters["vllm:prompt_tokens_total"] += len(prompt)
                 self.counters["vllm:generation_tokens_total"] += 12
+                # The engine's own timing of the turn (its 12 tokens decoded one token_gap_s apart).
+                self.counters["vllm:request_decode_time_seconds_sum"] += 11 * self.token_gap_s
+                self.counters["vllm:request_decode_time_seconds_count"] += 1
+                self.counters["vllm:time_to_first_token_seconds_sum"] += self.token_gap_s
+                self.counters["vllm:time_to_first_token_seconds_count"] += 1
             self._count(prompt, "tool_calls")
             stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
             self._send(200, stream.encode(), "text/event-stream")
@@ -269,18 +279,27 @@ def vllm_backend(name: str) -> type[VllmBackendHandler]:
 
 
 class StandInRouter(QuietHandler):
-    """vllm-router's `consistent_hash` in miniature: each POST goes to the backend picked by a stable hash of
-    its X-Session-ID header (every request without one to the same backend), streamed back as it arrives; GETs
-    (/v1/models) go to the first backend. The router has no /metrics of its own here (404), as on its port."""
+    """A sticky-session router in miniature, with what vllm-router's `consistent_hash` guarantees (every request
+    with the same X-Session-ID header goes to the same backend; every request without one to the first) and a
+    placement the tests know instead of a hash's: the n-th new key goes to backend n mod the number of backends.
+    (Bench keys are random, so a real hash could put six sessions on one box, one run in 32.) POSTs are
+    streamed back as they arrive; GETs (/v1/models) go to the first backend. The router has no /metrics of its
+    own here (404), as on its port."""
 
     backends: ClassVar[list[str]] = []
     routed: ClassVar[list[tuple[str, str]]] = []
+    placed: ClassVar[dict[str, str]] = {}
+    lock = threading.Lock()
 
     def _pick(self) -> str:
-        import zlib
-
         key = self.headers.get("X-Session-ID", "")
-        return self.backends[zlib.crc32(key.encode()) % len(self.backends)]
+        if not key:
+            return self.backends[0]
+        with self.lock:
+            placed = type(self).placed
+            if key not in placed:
+                placed[key] = self.backends[len(placed) % len(self.backends)]
+            return placed[key]
 
     def do_GET(self) -> None:
         if self.path != "/v1/models":
@@ -315,5 +334,5 @@ def stand_in_fleet(boxes: int = 2) -> Iterator[tuple[str, list[str], list[type[V
     handlers = [vllm_backend(chr(ord("a") + i)) for i in range(boxes)]
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(serve_http(h)) for h in handlers]
-        router = type("Router", (StandInRouter,), {"backends": urls, "routed": []})
+        router = type("Router", (StandInRouter,), {"backends": urls, "routed": [], "placed": {}})
         yield stack.enter_context(serve_http(router)), urls, handlers

@@ -47,6 +47,22 @@ def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = True, mode:
         raise _write_error(path, exc) from exc
 
 
+# What a newcomer does about a checkpoint directory that is not there (doctor, serve, plan say it).
+GET_THE_CHECKPOINT = (
+    "download and lock the checkpoint first (glm53 model download ..., docs/checkpoint.md), or give the "
+    "directory that holds it"
+)
+
+
+def missing_directory(path: Path) -> str | None:
+    """Why `path` cannot be read as a directory ("does not exist", "is not a directory"), or None."""
+    if path.is_dir():
+        return None
+    if not path.exists():
+        return "does not exist"
+    return "is not a directory"
+
+
 def atomic_write_text(path: Path, text: str, *, overwrite: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
 

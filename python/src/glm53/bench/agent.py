@@ -25,10 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from glm53.bench.backends import FleetSplit
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
-from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
+from glm53.bench.metrics import MetricsDelta, delta_after, diff_metrics, snapshot
 from glm53.bench.prompts import PromptFactory
 from glm53.bench.stream import StreamOutcome, decode_rate
-from glm53.bench.timing import implausible_timing
+from glm53.bench.timing import TimingSource, settle_timing
 from glm53.errors import BadInput, CheckFailed, invalid_document
 from glm53.fsutil import read_json
 
@@ -171,7 +171,12 @@ class TurnRecord(BaseModel):
     error: str | None = None
     metrics: MetricsDelta | None = None
     decode_rejected: str | None = Field(
-        None, description="why this turn's decode rate is left out of the session's (timing no engine produces)"
+        None,
+        description="why this turn's decode rate is left out of the session's (timing neither the client nor the "
+        "engine's /metrics can vouch for)",
+    )
+    decode_source: TimingSource | None = Field(
+        None, description="whose clock decode_tok_s comes from: 'client', or 'server' (the engine's /metrics)"
     )
     session_id: str | None = Field(None, description="the X-Session-ID header sent: one per conversation")
     backend: str | None = Field(None, description="the backend that served it (--backend), from its /metrics")
@@ -200,15 +205,47 @@ class ChatStreamer(Protocol):
     def metrics_text(self) -> str | None: ...
 
 
-def check_fits(system_tokens: int, max_tokens: int, max_model_len: int | None) -> None:
-    """The shared system prompt and one turn's answer must leave room in the server's context for the
-    conversation itself."""
-    if max_model_len is not None and system_tokens + max_tokens >= max_model_len:
-        raise BadInput(
-            f"--system-tokens {system_tokens} + --max-tokens {max_tokens} leave no room for the "
-            f"conversation: the server's max_model_len is {max_model_len}",
-            hint="pass smaller --system-tokens or --max-tokens",
-        )
+# What a chat template adds around each message (role markers, separators), counted generously.
+MESSAGE_OVERHEAD_TOKENS = 8
+
+
+def scripted_tokens(script: AgentScript, count: Callable[[str], int]) -> int:
+    """Tokens of the longest conversation's last turn besides the system prompt, as `count` tokenizes text:
+    the tool list, the task's request and every earlier step's tool call and result (the model's own words,
+    unknown before it answers, are not counted: a lower bound on what the last turn sends)."""
+    tools = count(json.dumps(script.tool_schemas()))
+    longest = 0
+    for task in script.tasks:
+        earlier = task.steps[:-1]
+        text = task.request + "".join(step.tool + json.dumps(step.arguments) + step.result for step in earlier)
+        messages = 2 + 2 * len(earlier)
+        longest = max(longest, count(text) + messages * MESSAGE_OVERHEAD_TOKENS)
+    return tools + longest
+
+
+def check_fits(system_tokens: int, max_tokens: int, max_model_len: int | None, scripted: int = 0) -> None:
+    """Every turn must fit the server's context: the shared system prompt, the conversation so far (at least
+    `scripted` tokens by its last turn, see `scripted_tokens`) and the turn's answer budget; else every turn
+    would be refused with HTTP 400."""
+    if max_model_len is None:
+        return
+    needed = system_tokens + scripted + max_tokens
+    if needed <= max_model_len:
+        return
+    room = max_model_len - scripted
+    if room - max_tokens >= 0:
+        hint = f"pass --system-tokens {room - max_tokens} or less"
+    elif room >= 64:
+        answer = max(2, min(max_tokens, room // 4))
+        hint = f"e.g. --system-tokens {room - answer} --max-tokens {answer}"
+    else:
+        hint = "serve with a larger MAX_MODEL_LEN, or pass fewer --tasks"
+    raise BadInput(
+        f"--system-tokens {system_tokens} + --max-tokens {max_tokens} + {scripted} tokens of the scripted "
+        f"conversation (tools, requests, earlier calls and results) need {needed} tokens of context; the "
+        f"server's max_model_len is {max_model_len}",
+        hint=hint,
+    )
 
 
 def run_agent(
@@ -254,8 +291,8 @@ def run_agent(
                 "return_token_ids": True,
             }
             outcome = client.stream("/v1/chat/completions", body, headers={SESSION_HEADER: session_id})
-            after = snapshot(client)
-            record = _turn_record(task.name, number, step, outcome, diff_metrics(before, after))
+            after, delta = delta_after(client, before, finished=outcome.error is None and outcome.done)
+            record = _turn_record(task.name, number, step, outcome, delta)
             record.session_id = session_id
             turns.append(record)
             if on_turn is not None:
@@ -303,6 +340,11 @@ def _turn_record(task: str, number: int, step: Step, outcome: StreamOutcome, del
     usage = outcome.usage
     decode = decode_rate(outcome)
     error = outcome.error or (None if usage else "no usage in the stream")
+    # A stream the client cannot time (coalesced by a busy engine, buffered by a proxy) is timed by the engine's
+    # own /metrics when they show this turn alone; a turn neither can vouch for leaves the session's rate.
+    verdict = settle_timing(outcome, delta) if error is None else None
+    if verdict is not None and verdict.source == "server" and verdict.engine is not None:
+        decode = verdict.engine.decode_tok_s
     return TurnRecord(
         task=task,
         turn=number,
@@ -317,7 +359,8 @@ def _turn_record(task: str, number: int, step: Step, outcome: StreamOutcome, del
         finish_reason=outcome.finish_reasons[0] if outcome.finish_reasons else None,
         error=error,
         metrics=delta,
-        decode_rejected=implausible_timing(outcome, delta) if outcome.error is None and usage else None,
+        decode_rejected=verdict.rejected if verdict is not None else None,
+        decode_source=verdict.source if verdict is not None and decode is not None else None,
     )
 
 

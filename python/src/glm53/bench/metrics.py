@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Protocol
 
 from pydantic import BaseModel, Field
@@ -94,3 +95,25 @@ def snapshot(source: MetricsSource) -> dict[str, float] | None:
     """The server's counters now, or None when it exports none."""
     text = source.metrics_text()
     return parse_prometheus(text) if text is not None else None
+
+
+# How long to wait for the engine to count a request whose stream has ended: vLLM records a finished request's
+# stats just after it hands the last output to the HTTP side, so a /metrics read at once can precede it.
+SETTLE_S = 2.0
+_SETTLE_POLL_S = 0.05
+
+
+def delta_after(
+    source: MetricsSource, before: dict[str, float] | None, *, finished: bool, settle_s: float = SETTLE_S
+) -> tuple[dict[str, float] | None, MetricsDelta | None]:
+    """(the counters now, their increase since `before`). When the request `finished` (a complete stream), once
+    the engine has counted it: while no finished request shows yet, /metrics is read again, for `settle_s` at
+    most. A request that failed is not waited for (the engine may never have seen it)."""
+    after = snapshot(source)
+    delta = diff_metrics(before, after)
+    deadline = time.monotonic() + settle_s
+    while finished and delta is not None and delta.server_requests == 0 and time.monotonic() < deadline:
+        time.sleep(_SETTLE_POLL_S)
+        after = snapshot(source)
+        delta = diff_metrics(before, after)
+    return after, delta

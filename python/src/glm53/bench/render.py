@@ -55,7 +55,7 @@ def run_tables(console: Console, run: RunSection) -> None:
                 _num(r.decode_tok_s, 2),
                 f"{_int(r.prompt_tokens)}+{_int(r.completion_tokens)}",
                 _num(r.metrics.preemptions if r.metrics is not None else None, 0),
-                "yes" if r.valid else f"[red]no[/red]: {_clip(r.invalid_reason or '')}",
+                _validity(r),
             )
             for shape in run.shapes
             for r in shape.runs
@@ -68,7 +68,8 @@ def run_tables(console: Console, run: RunSection) -> None:
         (
             (
                 shape.shape,
-                f"{shape.best.valid_runs}/{len(shape.runs)}",
+                f"{shape.best.valid_runs}/{len(shape.runs)}"
+                + (f" ({shape.best.server_timed_runs} engine-timed)" if shape.best.server_timed_runs else ""),
                 _with_median(shape.best.ttft_ms, shape.best.median_ttft_ms),
                 _with_median(shape.best.prefill_tok_s, shape.best.median_prefill_tok_s),
                 _with_median(shape.best.decode_tok_s, shape.best.median_decode_tok_s, 2),
@@ -81,6 +82,12 @@ def run_tables(console: Console, run: RunSection) -> None:
     )
     if run.backends is not None:
         backends_table(console, run.backends)
+
+
+def _validity(record: RunRecord) -> str:
+    if not record.valid:
+        return f"[red]no[/red]: {_clip(record.invalid_reason or '')}"
+    return "yes, engine-timed" if record.timing_source == "server" else "yes"
 
 
 def backends_table(console: Console, split: FleetSplit) -> None:
@@ -221,7 +228,12 @@ def agent_tables(console: Console, agent: AgentSection) -> None:
 
 
 def run_line(record: RunRecord) -> str:
-    verdict = "valid" if record.valid else f"INVALID: {record.invalid_reason}"
+    if not record.valid:
+        verdict = f"INVALID: {record.invalid_reason}"
+    elif record.timing_source == "server":
+        verdict = "valid, timed by the engine's /metrics (the stream arrived coalesced)"
+    else:
+        verdict = "valid"
     return (
         f"  {record.shape} run {record.run}: TTFT {_num(record.ttft_ms)} ms, "
         f"decode {_num(record.decode_tok_s)} tok/s, {verdict}"

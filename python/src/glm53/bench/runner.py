@@ -2,9 +2,11 @@
 
 TTFT = request start -> first streamed event carrying tokens; prefill tok/s = prompt tokens / TTFT;
 decode tok/s = (completion tokens - 1) / (end - first token time). A run counts only when the usage matches
-the request, every finish reason is `length` and its timing is physically possible (glm53.bench.timing);
-invalid runs are kept with their reason, and one rejected for its timing is measured again (`--retries`). Each
-shape reports the best and the median of its valid runs.
+the request, every finish reason is `length` and its timing is physically possible (glm53.bench.timing). When
+the stream's arrival is not (a busy engine coalesced its events, a proxy buffered them), the engine's own
+timings of the request from `/metrics` are the measurement (`timing_source` "server"); a run neither can vouch
+for is invalid, kept with its reason, and measured again (`--retries`). Each shape reports the best and the
+median of its valid runs.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from pydantic import BaseModel, Field
 
 from glm53.bench.backends import FleetSplit
 from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
-from glm53.bench.metrics import MetricsDelta, diff_metrics, snapshot
+from glm53.bench.metrics import MetricsDelta, delta_after, snapshot
 from glm53.bench.prompts import PromptFactory, PromptStyle
 from glm53.bench.stream import StreamOutcome, decode_rate, prefill_rate
-from glm53.bench.timing import IMPLAUSIBLE, implausible_timing, server_decode_rate
+from glm53.bench.timing import IMPLAUSIBLE, TimingSource, TimingVerdict, server_decode_rate, settle_timing
 from glm53.errors import BadInput, CheckFailed
 
 DEFAULT_SHAPES = "8192:2048,131072:2048,260096:2048"
@@ -34,8 +36,9 @@ MAX_TOKENS_PER_REQUEST = 10_000_000
 # The header vLLM's router keys `consistent_hash` on: a bench request names its conversation, so that a router
 # keeps a conversation on one box (and, in `bench run`, spreads independent runs over the boxes).
 SESSION_HEADER = "X-Session-ID"
-# Extra attempts per shape for runs rejected as implausible timing: on a busy host one late read of the socket
-# rejects a run, and a repeat measures it; a stream that is always held back is still rejected every time.
+# Extra attempts per shape for runs rejected as implausible timing (neither the client's clock nor the engine's
+# /metrics could vouch for them: other traffic on the engine, no /metrics); a stream that can never be timed is
+# still rejected every time.
 DEFAULT_RETRIES = 2
 
 
@@ -98,6 +101,15 @@ class RunRecord(BaseModel):
     server_decode_tok_s: float | None = Field(
         None, description="the engine's own decode rate for this request, from /metrics, when it tells"
     )
+    timing_source: TimingSource | None = Field(
+        None,
+        description="whose clock ttft_ms, prefill_tok_s and decode_tok_s come from: 'client' (the stream as it "
+        "arrived) or 'server' (the engine's own /metrics, because client_timing_note says why the stream's "
+        "arrival cannot be timed); None when the run is invalid",
+    )
+    client_timing_note: str | None = Field(
+        None, description="why the client's own timing of the stream was not used (timing_source 'server')"
+    )
     session_id: str | None = Field(None, description=f"the {SESSION_HEADER} header sent (a router's key)")
     backend: str | None = Field(None, description="the backend that served it (--backend), from its /metrics")
 
@@ -112,7 +124,12 @@ class BestOf(BaseModel):
     median_ttft_ms: float | None = None
     median_prefill_tok_s: float | None = None
     median_decode_tok_s: float | None = None
-    rejected_runs: int = Field(0, description="runs whose timing no engine could produce (each says why)")
+    rejected_runs: int = Field(
+        0, description="runs whose timing neither the client nor the engine's /metrics could vouch for (each says why)"
+    )
+    server_timed_runs: int = Field(
+        0, description="valid runs measured by the engine's own /metrics (timing_source 'server')"
+    )
 
 
 class ShapeResult(BaseModel):
@@ -148,34 +165,54 @@ def completion_body(model: str, prompt: list[int], output_tokens: int, cache_sal
     }
 
 
-def judge_run(outcome: StreamOutcome, shape: Shape, metrics: MetricsDelta | None = None) -> tuple[bool, str | None]:
-    """(valid, reason when not): the recipe's validity rule, what timing needs, and timing no engine could
-    produce (a stream held back and released in a burst; glm53.bench.timing)."""
+def _answer_problem(outcome: StreamOutcome, shape: Shape) -> str | None:
+    """Why the answer itself does not count (the recipe's validity rule and what timing needs), or None."""
     if outcome.error:
-        return False, outcome.error
+        return outcome.error
     if outcome.usage is None:
-        return False, "no usage in the stream (stream_options.include_usage not honoured)"
+        return "no usage in the stream (stream_options.include_usage not honoured)"
     if outcome.usage.prompt_tokens != shape.prompt_tokens:
-        return (
-            False,
-            f"usage reports {outcome.usage.prompt_tokens} prompt tokens, {shape.prompt_tokens} were sent",
-        )
+        return f"usage reports {outcome.usage.prompt_tokens} prompt tokens, {shape.prompt_tokens} were sent"
     if outcome.usage.completion_tokens != shape.output_tokens:
-        return False, (
+        return (
             f"usage reports {outcome.usage.completion_tokens} completion tokens, {shape.output_tokens} were requested"
         )
     if not outcome.finish_reasons or any(reason != "length" for reason in outcome.finish_reasons):
-        return False, f"finish reasons {outcome.finish_reasons}, expected 'length' for every choice"
+        return f"finish reasons {outcome.finish_reasons}, expected 'length' for every choice"
     if outcome.ttft_s is None or outcome.end_s is None or outcome.end_s <= outcome.ttft_s:
-        return False, "no token event before the end of the stream"
-    implausible = implausible_timing(outcome, metrics)
-    if implausible is not None:
-        return False, implausible
-    return True, None
+        return "no token event before the end of the stream"
+    return None
 
 
-def measure(outcome: StreamOutcome) -> dict[str, float | None]:
-    """TTFT, prefill and decode rates from a stream's times and usage (None where undefined)."""
+def assess_run(
+    outcome: StreamOutcome, shape: Shape, metrics: MetricsDelta | None = None
+) -> tuple[str | None, TimingVerdict | None]:
+    """(why the run is invalid or None, whose timing measures it): the answer must be the one asked for, and
+    its timing must be vouched for by the client's clock or, failing that, by the engine's own /metrics."""
+    problem = _answer_problem(outcome, shape)
+    if problem is not None:
+        return problem, None
+    verdict = settle_timing(outcome, metrics)
+    return verdict.rejected, verdict
+
+
+def judge_run(outcome: StreamOutcome, shape: Shape, metrics: MetricsDelta | None = None) -> tuple[bool, str | None]:
+    """(valid, reason when not): `assess_run` without the timing source."""
+    reason, _ = assess_run(outcome, shape, metrics)
+    return reason is None, reason
+
+
+def measure(outcome: StreamOutcome, verdict: TimingVerdict | None = None) -> dict[str, float | None]:
+    """TTFT, prefill and decode rates (None where undefined): the stream's own times and usage, or the engine's
+    when the verdict says the client's clock cannot time this stream."""
+    if verdict is not None and verdict.source == "server" and verdict.engine is not None:
+        engine = verdict.engine
+        return {
+            "ttft_ms": engine.ttft_s * 1000.0,
+            "prefill_tok_s": engine.prefill_tok_s,
+            "decode_tok_s": engine.decode_tok_s,
+            "total_s": outcome.end_s,
+        }
     ttft = outcome.ttft_s
     return {
         "ttft_ms": ttft * 1000.0 if ttft is not None else None,
@@ -203,7 +240,35 @@ def best_of(runs: Sequence[RunRecord]) -> BestOf:
         median_prefill_tok_s=statistics.median(prefills) if prefills else None,
         median_decode_tok_s=statistics.median(decodes) if decodes else None,
         rejected_runs=sum(1 for r in runs if _rejected_timing(r)),
+        server_timed_runs=sum(1 for r in valid if r.timing_source == "server"),
     )
+
+
+def fitting_shapes(max_model_len: int | None) -> tuple[list[Shape], str | None]:
+    """The default shapes for a server: the recipe's that fit its context (all of them when it does not say),
+    else one shape of half its context and up to 2,048 output tokens; with a note saying what was left out."""
+    recipe = parse_shapes(DEFAULT_SHAPES)
+    if max_model_len is None:
+        return recipe, None
+    fit = [shape for shape in recipe if shape.prompt_tokens + shape.output_tokens <= max_model_len]
+    left = [shape.label for shape in recipe if shape not in fit]
+    if not left:
+        return recipe, None
+    if not fit:
+        output = max(2, min(2048, max_model_len // 8))
+        prompt = max(1, min(max_model_len // 2, max_model_len - output))
+        if prompt + output > max_model_len:
+            raise BadInput(
+                f"the server's max_model_len {max_model_len} is too small for a benchmark shape",
+                hint="serve with a larger MAX_MODEL_LEN",
+            )
+        fit = [Shape(prompt_tokens=prompt, output_tokens=output)]
+    labels = ",".join(shape.label for shape in fit)
+    note = (
+        f"the recipe's shapes {', '.join(left)} do not fit the server's max_model_len {max_model_len}: "
+        f"measuring {labels} (pass --shapes to choose)"
+    )
+    return fit, note
 
 
 def check_fits(shapes: Sequence[Shape], max_model_len: int | None, *, flag: str = "--shapes") -> None:
@@ -229,9 +294,8 @@ def run_one(client: Streamer, model: str, prompt: list[int], shape: Shape, run: 
         completion_body(model, prompt, shape.output_tokens, salt),
         headers={SESSION_HEADER: session_id},
     )
-    after = snapshot(client)
-    metrics = diff_metrics(before, after)
-    valid, reason = judge_run(outcome, shape, metrics)
+    _, metrics = delta_after(client, before, finished=outcome.error is None and outcome.done)
+    reason, verdict = assess_run(outcome, shape, metrics)
     usage = outcome.usage
     return RunRecord(
         shape=shape.label,
@@ -246,12 +310,14 @@ def run_one(client: Streamer, model: str, prompt: list[int], shape: Shape, run: 
         token_events=outcome.token_events,
         finish_reasons=outcome.finish_reasons,
         http_status=outcome.http_status,
-        valid=valid,
+        valid=reason is None,
         invalid_reason=reason,
         metrics=metrics,
         server_decode_tok_s=server_decode_rate(outcome, metrics),
+        timing_source=verdict.source if reason is None and verdict is not None else None,
+        client_timing_note=verdict.client_note if verdict is not None and verdict.source == "server" else None,
         session_id=session_id,
-        **measure(outcome),
+        **measure(outcome, verdict),
     )
 
 
@@ -269,7 +335,7 @@ def run_benchmark(
     on_section: Callable[[RunSection], None] | None = None,
 ) -> RunSection:
     """Every shape `runs` times, in order; one failing request never stops the others. A run rejected for
-    implausible timing (a host too busy to read the stream, a buffering proxy) is measured again, at most
+    implausible timing (neither the client's clock nor the engine's /metrics can time it) is measured again, at most
     `retries` extra times per shape; the rejected run stays in the report. Any other invalid run (an error, a
     wrong usage) is the server's answer and is not repeated. `on_section` gets the section so far (`complete`
     False) after every run, for a report that a crash or Ctrl-C cannot take."""

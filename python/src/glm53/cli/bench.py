@@ -80,17 +80,23 @@ def _finish(
 @bench_app.command("run")
 def run_cmd(
     base_url: BaseUrlOpt = DEFAULT_URL,
-    shapes: Annotated[str, typer.Option("--shapes", help="PROMPT:OUTPUT token counts, comma-separated.")] = (
-        "8192:2048,131072:2048,260096:2048"
-    ),
+    shapes: Annotated[
+        str | None,
+        typer.Option(
+            "--shapes",
+            help="PROMPT:OUTPUT token counts, comma-separated. Default: the recipe's 8192:2048,131072:2048,"
+            "260096:2048, those that fit the server's max_model_len (when none does, one shape of half of it).",
+            show_default=False,
+        ),
+    ] = None,
     runs: Annotated[int, typer.Option("--runs", min=1, help="Runs per shape; the best is reported, all kept.")] = 2,
     retries: Annotated[
         int,
         typer.Option(
             "--retries",
             min=0,
-            help="Extra runs per shape in place of runs rejected for implausible timing (a busy host, a "
-            "buffering proxy); the rejected runs stay in the report.",
+            help="Extra runs per shape in place of runs rejected for implausible timing (a stream the client "
+            "cannot time and the engine's /metrics cannot vouch for); the rejected runs stay in the report.",
         ),
     ] = 2,
     style: Annotated[str, typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")] = "prose",
@@ -127,6 +133,7 @@ def run_cmd(
         RUN_FAIL_OVER,
         RUN_FAIL_UNDER,
         check_fits,
+        fitting_shapes,
         parse_shapes,
         require_valid_runs,
         run_benchmark,
@@ -135,7 +142,7 @@ def run_cmd(
     from glm53.bench.session import Target, checkpointer, measuring, resolve_api_key
 
     prompt_style = parse_style(style)
-    parsed = parse_shapes(shapes)
+    parsed = parse_shapes(shapes) if shapes is not None else None
     behind = tuple(parse_backends(backends))
     under, over = parse_limits(fail_under, RUN_FAIL_UNDER, fail_over, RUN_FAIL_OVER)
     out = Output(json_mode=json_out)
@@ -150,6 +157,10 @@ def run_cmd(
         backends=behind,
     )
     with measuring(target) as session:
+        if parsed is None:
+            parsed, note = fitting_shapes(session.server.max_model_len)
+            if note is not None:
+                out.info(note)
         check_fits(parsed, session.server.max_model_len)
         tracker = session.tracker
         served = session.server.model
@@ -353,6 +364,7 @@ def agent_cmd(
         load_script,
         require_completed_turns,
         run_agent,
+        scripted_tokens,
     )
     from glm53.bench.backends import parse_backends
     from glm53.bench.gates import parse_limits
@@ -376,7 +388,10 @@ def agent_cmd(
         backends=behind,
     )
     with measuring(target) as session:
-        check_fits(system_tokens, max_tokens, session.server.max_model_len)
+        if session.server.max_model_len is not None:
+            served = session.server.model
+            scripted = scripted_tokens(script, lambda text: len(session.client.tokenize(served, text)))
+            check_fits(system_tokens, max_tokens, session.server.max_model_len, scripted)
         tracker = session.tracker
         with out.progress("turns", total=script.turns) as bar:
             section = run_agent(

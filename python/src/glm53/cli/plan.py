@@ -29,6 +29,18 @@ def plan(
     gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Memory of each GPU: 24GiB,24GiB.")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="Number of GPUs (with --gpu).")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Memory of each of --gpus GPUs, e.g. 24GiB.")] = None,
+    rig: RigOpt = None,
+    ram: Annotated[
+        str | None, typer.Option("--ram", help="The target's RAM (MemTotal), e.g. 128GiB, instead of this machine's.")
+    ] = None,
+    cpus: Annotated[
+        str | None,
+        typer.Option(
+            "--cpus",
+            help="The target's CPUs, instead of this machine's: CORESc, optionally SOCKETSx before, xTHREADSt "
+            "and /CORES_PER_L3 after, e.g. 32cx2t/8 (32 cores, 2 threads each, 8 cores per L3).",
+        ),
+    ] = None,
     profile: Annotated[
         str | None,
         typer.Option("--profile", help="Serving profile to read the values below from (e.g. agent-256k)."),
@@ -64,7 +76,6 @@ def plan(
             show_default=False,
         ),
     ] = None,
-    rig: RigOpt = None,
     host_root: Annotated[
         Path, typer.Option("--host-root", help="Read /proc and /sys under this root.", hidden=True)
     ] = Path("/"),
@@ -72,7 +83,7 @@ def plan(
     out: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.env and rankings here.")] = None,
     json_mode: JsonOpt = False,
 ) -> None:
-    """Plan for this host (or the GPUs given, or a described --rig).
+    """Plan for this host, or for a rig it is not (--rig, --ram, --cpus, --gpu-memory).
 
     Model facts come from --model-dir, else the published ones. Profile values come from the flags, else from
     --profile, else the recipe's. An exllamav3 profile (exl3-*) gets the ExLlamaV3 plan: the layer split over
@@ -80,7 +91,8 @@ def plan(
     decode rate; with a routing trace, static against dynamic expert placement.
 
     Examples:
-      glm53 plan --gpu-memory 24GiB,24GiB
+      glm53 plan --rig recipe-2x3090
+      glm53 plan --gpu-memory 24GiB,24GiB --ram 128GiB --cpus 32cx2t/8
       glm53 plan --profile exl3-2x3090 --rig recipe-2x3090
       glm53 plan --profile exl3-1gpu --rig one-3090 --stats routing.jsonl --out plan/
     """
@@ -94,6 +106,8 @@ def plan(
             "--max-num-batched-tokens": batched,
             "--gpu-workspace": workspace,
             "--bandwidth": bandwidth,
+            "--ram": ram,
+            "--cpus": cpus,
         }
         given = [flag for flag, value in vllm_only.items() if value is not None]
         if given:
@@ -116,14 +130,10 @@ def plan(
             json_mode=json_mode,
         )
         return
-    if rig is not None:
-        raise BadInput(
-            "--rig plans exllamav3 profiles (e.g. --profile exl3-2x3090)",
-            hint="plan the vLLM profile for other GPUs with --gpu-memory 24GiB,24GiB",
-        )
     from glm53.plan.env import env_lines, save_plan
     from glm53.plan.planner import plan_for_host
     from glm53.plan.render import render_plan
+    from glm53.plan.rig import target_from_options
     from glm53.plan.shape import serving_shape
     from glm53.plan.sizes import gpus_from_sizes
 
@@ -134,6 +144,7 @@ def plan(
         from glm53.plan.env import check_out_dir
 
         check_out_dir(out)
+    target = target_from_options(rig, ram, cpus)
     shape = serving_shape(
         profile,
         tensor_parallel_size=tp,
@@ -154,9 +165,12 @@ def plan(
             bandwidth_path=bandwidth,
             root=host_root,
             learn_fraction=0.8 if learn_fraction is None else learn_fraction,
+            target=target,
         ),
         out,
     )
+    if saved.plan.target != "this host":
+        output.info(f"planned for {saved.plan.target}")
     if saved.rankings is not None:
         output.info(f"wrote the hot-expert rankings to {saved.rankings}")
     if saved.plan_files:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.exl3_engine import Exl3EngineFacts, check_exl3_engine, read_exl3_engine
 from glm53.host.facts import HostFacts, read_host_facts
 from glm53.host.gpus import GpuInfo, read_gpus
@@ -139,6 +140,7 @@ class TargetFacts(BaseModel):
     port: int | None
     port_error: str | None  # None = free
     model_dir: str | None = None
+    model_missing: str | None = None  # why the directory cannot be read ("does not exist"); None = it can
     model_verified: bool | None = None
     model_detail: str | None = None
     index_ok: bool | None = None
@@ -201,7 +203,9 @@ def read_facts(
     engine: str = "vllm",
 ) -> DoctorFacts:
     target = TargetFacts(address=host, port=port, port_error=port_error(host, port) if port is not None else None)
-    if model_dir is not None:
+    if model_dir is not None and (missing := missing_directory(model_dir)) is not None:
+        target = target.model_copy(update={"model_dir": str(model_dir), "model_missing": missing})
+    elif model_dir is not None:
         verified, detail, index_ok, index_detail = read_model(model_dir)
         target = target.model_copy(
             update={
@@ -497,6 +501,16 @@ def check_port(f: TargetFacts) -> Check:
 def check_model(f: TargetFacts) -> list[Check]:
     if f.model_dir is None:
         return [Check(name="model", status="skip", detail="no model directory given")]
+    if f.model_missing is not None:
+        # Nothing in it to verify or index: one failure that says so, not a verdict on a checkpoint.
+        return [
+            Check(
+                name="model directory",
+                status="fail",
+                detail=f"--model-dir {f.model_dir} {f.model_missing}",
+                fix=GET_THE_CHECKPOINT,
+            )
+        ]
     checks = [
         Check(
             name="model verified",

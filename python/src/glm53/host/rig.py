@@ -42,6 +42,8 @@ class Rig(_Strict):
     cores: int = Field(gt=0, le=4096)  # physical cores
     threads_per_core: int = Field(default=1, ge=1, le=8)
     numa_nodes: int = Field(default=1, ge=1, le=64)
+    # Cores that share one L3 cache (an AMD CCD); None: every core of a NUMA node shares one.
+    cores_per_l3: int | None = Field(default=None, ge=1, le=4096)
     # Effective host memory bandwidth in bytes/s (what a STREAM-like copy reaches); None: the assumption.
     memory_bandwidth: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     source: str = ""
@@ -75,18 +77,20 @@ def load_rig(spec: str, *, flag: str = "--rig") -> Rig:
 
 def rig_topology(rig: Rig) -> HostTopology:
     """Logical CPUs as Linux numbers them on such a machine: cores 0..C-1 first, their SMT siblings C..2C-1;
-    cores dealt to NUMA nodes in equal contiguous blocks, one L3 domain per node."""
+    cores dealt to NUMA nodes in equal contiguous blocks, one L3 domain per node (or per `cores_per_l3` cores
+    of a node)."""
     per_node = -(-rig.cores // rig.numa_nodes)
     cpus: list[LogicalCpu] = []
     for thread in range(rig.threads_per_core):
         for core in range(rig.cores):
             siblings = tuple(core + t * rig.cores for t in range(rig.threads_per_core))
             node = core // per_node
-            first = node * per_node
+            span = min(rig.cores_per_l3 or per_node, per_node)
+            first = node * per_node + (core - node * per_node) // span * span
             domain = tuple(
                 c + t * rig.cores
                 for t in range(rig.threads_per_core)
-                for c in range(first, min(rig.cores, first + per_node))
+                for c in range(first, min(rig.cores, first + span, (node + 1) * per_node))
             )
             cpus.append(
                 LogicalCpu(

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, CheckFailed, Unavailable
+from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.facts import HostFacts
 from glm53.host.gpus import GpuInfo
 from glm53.host.memory import HostMemory
@@ -34,6 +36,9 @@ from glm53.plan.cost_model import ASSUMED_GPU_MEMORY_BANDWIDTH, Bandwidth, CostM
 from glm53.plan.cpu_pools import CpuSets, plan_cpu_sets
 from glm53.plan.kv_budget import KvComparison, KvDerivation, compare_with_reported, derive_kv
 from glm53.plan.traces import RoutingCounts, RoutingTrace
+
+if TYPE_CHECKING:
+    from glm53.plan.rig import Target
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -132,6 +137,7 @@ class Plan(BaseModel):
     moe_layers: list[int]
     warnings: list[str]
     rankings_file: str | None = None
+    target: str = Field("this host", description="what was planned for: this host, or the rig/options given")
 
 
 def workspace_estimate(model: ModelFacts, shape: ServingShape) -> int:
@@ -445,31 +451,59 @@ def plan_for_host(
     bandwidth_path: Path | None = None,
     root: Path = Path("/"),
     learn_fraction: float = 0.8,
+    target: Target | None = None,
 ) -> Plan:
-    """Read every fact from this machine (under `root`) and the files named, then plan."""
+    """Read every fact from this machine (under `root`) and the files named, then plan; `target` (a rig,
+    --ram, --cpus) replaces the parts of this machine it describes, `gpus` its GPUs."""
     from glm53.host.facts import read_host_facts
     from glm53.plan.checkpoint_facts import model_facts
     from glm53.plan.cost_model import read_probe_bandwidth
     from glm53.plan.traces import read_routing_stats
 
+    if model_dir is not None and (missing := missing_directory(model_dir)) is not None:
+        raise BadInput(
+            f"--model-dir {model_dir} {missing}",
+            hint=f"{GET_THE_CHECKPOINT}; without --model-dir the plan uses the published model facts",
+        )
     host = read_host_facts(root, engine_libraries=None)
-    found = gpus if gpus is not None else [gpu_spec(gpu, root) for gpu in host.gpus]
+    if target is not None:
+        host = target.apply(host)
+    described = gpus if gpus is not None else target.gpus() if target is not None else None
+    found = described if described is not None else [gpu_spec(gpu, root) for gpu in host.gpus]
     if not found:
         raise Unavailable(
             "no NVIDIA GPU found on this machine",
-            hint="describe the GPUs with --gpu-memory 24GiB,24GiB (or --gpus 2 --gpu 24GiB)",
+            hint="plan for the recipe's rig with --rig recipe-2x3090, or describe the GPUs with "
+            "--gpu-memory 24GiB,24GiB (and the target's --ram and --cpus)",
         )
     stats = read_routing_stats(stats_path) if stats_path is not None else None
-    return build_plan(
-        model_facts(model_dir),
-        host,
-        found,
-        shape,
-        stats=stats,
-        stats_source=str(stats_path) if stats_path else "",
-        bandwidth=read_probe_bandwidth(bandwidth_path) if bandwidth_path is not None else None,
-        learn_fraction=learn_fraction,
-    )
+    try:
+        plan = build_plan(
+            model_facts(model_dir),
+            host,
+            found,
+            shape,
+            stats=stats,
+            stats_source=str(stats_path) if stats_path is not None else "",
+            bandwidth=read_probe_bandwidth(bandwidth_path) if bandwidth_path is not None else None,
+            learn_fraction=learn_fraction,
+        )
+    except Infeasible as exc:
+        if exc.constraint == "host memory" and (target is None or target.ram() is None):
+            # This machine's RAM was used: say how to plan for the one the GPUs are in.
+            exc.hint = (
+                f"{exc.hint}; this is this machine's RAM: to plan for another machine, give its --ram (and "
+                "--cpus), or --rig recipe-2x3090 for the recipe's"
+            )
+        raise
+    parts = [target.describe()] if target is not None and target.described else []
+    if gpus is not None:
+        parts.append("GPUs " + ", ".join(f"{gpu.total_bytes / GIB:g} GiB" for gpu in gpus))
+    if parts:
+        whole = target is not None and target.ram() is not None and target.topology() is not None and described
+        rest = "" if whole else " (what is not described: this host)"
+        plan = plan.model_copy(update={"target": "; ".join(parts) + rest})
+    return plan
 
 
 __all__ = [

@@ -282,8 +282,23 @@ def prepare_demo_model(model_dir: Path | None = None, *, rebuild: bool = False) 
     return DemoModel(model_dir=target, lock_path=lock_path, built=built, locked=locked, verified=report.summary)
 
 
+# Thinking off: the answer is in `content`. With thinking on (the chat template's default), the glm45 reasoning
+# parser files everything before `</think>` under `reasoning`, and the random weights of the tiny model never
+# write `</think>`: `content` would be null.
+SAMPLE_TEMPLATE_KWARGS = {"enable_thinking": False}
+
+
+def sample_body(model_name: str) -> dict[str, object]:
+    return {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "max_tokens": 32,
+        "chat_template_kwargs": SAMPLE_TEMPLATE_KWARGS,
+    }
+
+
 def sample_request(base_url: str, model_name: str) -> str:
-    body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
+    body = json.dumps(sample_body(model_name))
     return f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
 
 
@@ -297,7 +312,10 @@ def demo_start_checks(host: str, port: int) -> None:
     require_engine_libraries()
     problem = port_error(host, port)
     if problem is not None:
-        raise BadInput(f"--port {port}: {host}:{port} is {problem}", hint="pass another --port")
+        raise BadInput(
+            f"--port {port}: {host}:{port} is {problem}",
+            hint="pass another --port (with make: make demo PORT=8001), or stop what listens there",
+        )
 
 
 def serve_demo(demo: DemoModel, host: str, port: int, out: Output) -> NoReturn:
@@ -310,5 +328,8 @@ def serve_demo(demo: DemoModel, host: str, port: int, out: Output) -> NoReturn:
         f"starting vLLM (CPU) on {base_url}; it answers GET {base_url}/health in about 45 s on 2 cores. "
         "Ctrl-C stops it."
     )
-    out.info("try:\n  " + sample_request(base_url, TINY_MODEL_NAME))
+    out.info(
+        "try (random weights: the answer is noise; thinking is off, so it is the message's content):\n  "
+        + sample_request(base_url, TINY_MODEL_NAME)
+    )
     start(ServeRequest(profile="cpu-tiny", model_dir=demo.model_dir, host=host, port=port), out)

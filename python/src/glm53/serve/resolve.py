@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput, Unavailable
+from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput, build_launch, is_loopback
 from glm53.serve.profiles import DEFAULT_PROFILE, KEYS, Profile, load_profile, parse_set_options, read_env_file
 
@@ -146,10 +147,9 @@ def _model_dir(req: ServeRequest, *, need_model: bool) -> Path | str:
         if need_model:
             raise BadInput("serve needs the model directory", hint="glm53 serve --model-dir DIR (see glm53 model)")
         return PLACEHOLDER_MODEL_DIR
-    if need_model and not req.model_dir.is_dir():
+    if need_model and (missing := missing_directory(req.model_dir)) is not None:
         raise BadInput(
-            f"--model-dir: {req.model_dir} is not a directory",
-            hint="download it with `glm53 model download`, or `glm53 demo` for the tiny model",
+            f"--model-dir {req.model_dir} {missing}", hint=f"{GET_THE_CHECKPOINT}; `glm53 demo` serves a tiny model"
         )
     return req.model_dir.resolve()
 
@@ -278,7 +278,9 @@ def _plan_here(
         status = PlanStatus(source="not planned", detail="planned on the serving host at start", keys=list(planned))
         return status, [], None
     try:
-        values, plan = plan_on_this_host(profile, req.model_dir, root=req.root, rig=req.rig)
+        # A dry run may name a directory that is not there yet (it warns): plan from the published facts then.
+        readable = req.model_dir if req.model_dir is not None and missing_directory(req.model_dir) is None else None
+        values, plan = plan_on_this_host(profile, readable, root=req.root, rig=req.rig)
     except Unavailable as exc:
         status = PlanStatus(source="impossible", detail=f"cannot plan on this host: {exc.message}", keys=list(planned))
         return status, [], None

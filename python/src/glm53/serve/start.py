@@ -15,14 +15,15 @@ from typing import NoReturn
 from pydantic import BaseModel
 
 from glm53.errors import BadInput, Unavailable
+from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.output import Output
 from glm53.serve.flags import FlagCheck
 from glm53.serve.launch import LaunchSpec
-from glm53.serve.resolve import Launch, PlanStatus, ServeRequest, resolve_launch
+from glm53.serve.resolve import PLACEHOLDER_MODEL_DIR, Launch, PlanStatus, ServeRequest, resolve_launch
 
 # Doctor checks whose failure is a wrong flag or file of the request (exit 2); any other failure is the
 # host's (exit 3).
-INPUT_CHECKS = frozenset({"port", "model verified", "model index"})
+INPUT_CHECKS = frozenset({"port", "model directory", "model verified", "model index"})
 
 
 class DryRun(BaseModel):
@@ -53,7 +54,7 @@ def dry_run(req: ServeRequest, out: Output) -> DryRun:
     from glm53.serve.flags import check_flags
 
     launch = resolve_launch(req, need_model=False)
-    for warning in launch.warnings:
+    for warning in [*model_dir_warnings(req), *launch.warnings]:
         out.warn(warning)
     if launch.spec.engine == "exllamav3":
         from glm53.serve.tabby_check import tabby_config_check
@@ -70,6 +71,19 @@ def dry_run(req: ServeRequest, out: Output) -> DryRun:
         else FlagCheck(checked=False, vllm_version=None, reason="--skip-flag-check")
     )
     return describe(launch, flags)
+
+
+def model_dir_warnings(req: ServeRequest) -> list[str]:
+    """What a dry run says about the checkpoint directory: a start needs it, the dry run only shows it."""
+    if req.model_dir is None:
+        return [
+            f"no --model-dir: the command shows the placeholder {PLACEHOLDER_MODEL_DIR} (where the image mounts "
+            "the checkpoint); a start needs --model-dir DIR"
+        ]
+    missing = missing_directory(req.model_dir)
+    if missing is None:
+        return []
+    return [f"--model-dir {req.model_dir} {missing}: a start would stop here (exit 2); {GET_THE_CHECKPOINT}"]
 
 
 def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:

@@ -606,8 +606,8 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str], monk
     assert code == 2 and "no rig named" in err
     code, _, err = run([*exl3, "--rig", "recipe-2x3090", "--tp", "2"], capsys, monkeypatch)
     assert code == 2 and "--tp: vLLM plan options" in err
-    code, _, err = run(["plan", "--rig", "recipe-2x3090"], capsys, monkeypatch)
-    assert code == 2 and "--rig plans exllamav3 profiles" in err
+    code, _, err = run([*exl3, "--rig", "recipe-2x3090", "--ram", "64GiB"], capsys, monkeypatch)
+    assert code == 2 and "--ram: vLLM plan options" in err
     bad_counts = tmp_path / "counts.json"
     write_counts(bad_counts, synthesize_trace(SyntheticTraceSpec(layers=(3,), experts=16, steps=10)).to_counts())
     code, _, err = run([*exl3, "--rig", "recipe-2x3090", "--stats", str(bad_counts)], capsys, monkeypatch)

@@ -226,6 +226,18 @@ EXPECTED: dict[str, Expect] = {
     "GLM53_TABBYAPI_DIR=/path/to/tabbyAPI glm53 serve --profile exl3-1gpu --model-dir /srv/models/glm53": Expect(
         2, "--model-dir /srv/models/glm53 does not exist", needs="hardware"
     ),
+    "nix --extra-experimental-features 'nix-command flakes' run .#serve-exl3 -- --model-dir /srv/models/glm53": Expect(
+        needs="elsewhere", why="needs the GPU host; tests/test_nix_exl3.py evaluates the app and its closure"
+    ),
+    # -- docs/plan.md: the ExLlamaV3 engine's plan ---------------------------------------------------------
+    "glm53 plan --profile exl3-2x3090 --rig recipe-2x3090": Expect(0, "predicted decode"),
+    "glm53 plan --profile exl3-1gpu --rig one-3090 --env": Expect(0, "EXL3_MOE_CPU_SPLIT="),
+    "glm53 plan --profile exl3-2x3090 --stats routing.jsonl --out /var/lib/glm53/plan": Expect(
+        2, "routing.jsonl not found", needs="hardware"
+    ),
+    "glm53 serve --profile exl3-2x3090 --plan-env /var/lib/glm53/plan/plan.env --model-dir /srv/models/glm53": Expect(
+        2, "--model-dir /srv/models/glm53 does not exist", needs="hardware"
+    ),
     # -- docs/router.md: a fleet file describing your boxes ------------------------------------------------
     "glm53 router fleet.toml --dry-run --json": Expect(2, "fleet.toml not found", needs="hardware"),
     "glm53 router fleet.toml": Expect(2, "fleet.toml not found", needs="hardware"),

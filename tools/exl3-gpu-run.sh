@@ -8,7 +8,8 @@
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
 # ARCH (default 9.0) is the CUDA architecture to build for; WORK (default /root/glm53-gpu) keeps the build and
-# the model; FIXTURE_TGZ (stage fixture-tgz) is a converted fixture from an earlier fixture stage.
+# the model; FIXTURE_TGZ (stage fixture-tgz) is a converted fixture from an earlier fixture stage. STYLE is the
+# bench's prompt style: random by default, since the fixture's 512-word tokenizer cannot round-trip prose.
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -85,11 +86,16 @@ for stage in "$@"; do
       -d "${body%\}},\"stream\":true}" >"$out/chat-stream.txt"
     echo "stream: $(grep -c '^data:' "$out/chat-stream.txt") events, last: $(tail -c 200 "$out/chat-stream.txt" | tr '\n' ' ')"
     timeout ${BENCH_TIMEOUT:-240} python3 -c 'import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()' bench run \
-      --base-url http://127.0.0.1:8011 --shapes "${SHAPES:-512:128,2048:128}" --runs 2 --out "$out/bench" --no-plots \
+      --base-url http://127.0.0.1:8011 --shapes "${SHAPES:-512:128,2048:128}" --style "${STYLE:-random}" --runs 2 --out "$out/bench" --no-plots \
       --json >"$out/bench.json" 2>"$out/bench.err"
     echo "bench rc=$?"; tail -5 "$out/bench.err"
     grep -iE "moe|cpu|worker|split|offload|avx|loaded|error" "$out/serve.log" | head -20; tail -5 "$out/serve.log"
-    kill -INT $server; wait $server; echo "server rc=$?"
+    # SIGTERM, what systemd and Docker send (a background job of this non-interactive shell ignores SIGINT)
+    stop=$(date +%s); kill -TERM $server
+    for _ in $(seq 60); do kill -0 $server 2>/dev/null || break; sleep 1; done
+    if kill -0 $server 2>/dev/null; then echo "server still running 60 s after SIGTERM"; kill -KILL $server; fi
+    wait $server; echo "server rc=$? after $(( $(date +%s) - stop )) s"
+    pgrep -af "moe|tabby|main.py" || echo "no process left"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -9,7 +9,7 @@ hanging, then prints one JSON document:
                   kl_mean / kl_max (KL(P_gpu || P_mode) of next-token distributions, nats)
 Modes: gpu, split:N, split:N:static, offload:N (offload has no placement variant).
 
---diag also captures what confirms or refutes the crash hypothesis (see /work/crash-report.md):
+--diag also captures what confirms or refutes the crash cause (docs/serve.md, "The CPU worker's SIGSEGV"):
 the formatted `ifstream >> int` in physical_core_order() (cpu/moe_mul1.cpp:1329-1334), run by the
 worker's first Pool::ensure, dispatching num_get<char>::do_get into codecvt<char>::do_unshift.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -151,22 +151,7 @@ def build_launch(
             argv += ["--host", host, "--port", str(port)]
     argv += list(extra_args)
 
-    env: dict[str, str] = {}
-    for key, value in profile.env_exports().items():
-        env[key] = value
-        origins[key] = profile.settings[key].source
-    if plan is not None:
-        for key, value in plan.env.items():
-            if key in SECRET_ENV:
-                raise BadInput(f"the plan sets {key}", hint="the API key comes from --api-key-file only")
-            if key in KEYS and KEYS[key].role == "flag":
-                raise BadInput(
-                    f"the plan sets {key}, which is a launch flag, not an environment variable",
-                    hint="set it with --set instead",
-                )
-            env[key] = value
-            origins[key] = "plan"
-    affinity = sorted(set(plan.cpu_affinity)) if plan is not None and plan.cpu_affinity else None
+    env, affinity = exported_environment(profile, plan, origins, refuse=_refused_by_vllm)
     return LaunchSpec(
         profile=profile.name,
         argv=argv,
@@ -177,6 +162,40 @@ def build_launch(
         port=port,
         api_key=api_key,
     )
+
+
+def _refused_by_vllm(key: str) -> BadInput | None:
+    if key in SECRET_ENV:
+        return BadInput(f"the plan sets {key}", hint="the API key comes from --api-key-file only")
+    if key in KEYS and KEYS[key].role == "flag":
+        return BadInput(
+            f"the plan sets {key}, which is a launch flag, not an environment variable",
+            hint="set it with --set instead",
+        )
+    return None
+
+
+def exported_environment(
+    profile: Profile,
+    plan: PlanInput | None,
+    origins: dict[str, str],
+    *,
+    refuse: Callable[[str], BadInput | None],
+) -> tuple[dict[str, str], list[int] | None]:
+    """The engine's environment (the profile's exports, then the plan's variables, each origin recorded in
+    `origins`) and the CPU affinity. `refuse` names a plan variable the engine must not get from a plan."""
+    env: dict[str, str] = {}
+    for key, value in profile.env_exports().items():
+        env[key] = value
+        origins[key] = profile.settings[key].source
+    if plan is not None:
+        for key, value in plan.env.items():
+            if (error := refuse(key)) is not None:
+                raise error
+            env[key] = value
+            origins[key] = "plan"
+    affinity = sorted(set(plan.cpu_affinity)) if plan is not None and plan.cpu_affinity else None
+    return env, affinity
 
 
 def environment_for_exec(spec: LaunchSpec, inherited: Mapping[str, str], api_key: str | None) -> dict[str, str]:

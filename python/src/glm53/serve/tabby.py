@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
 from glm53.serve.chat_template import bounded_template_path
-from glm53.serve.launch import SECRET_ENV, LaunchSpec, PlanInput, check_host
+from glm53.serve.launch import SECRET_ENV, LaunchSpec, PlanInput, check_host, exported_environment
 from glm53.serve.profiles import BUILTIN_CHAT_TEMPLATE, CONFIG_SPECS, KEYS, Profile, parse_number_list
 
 TABBY_DIR_ENV = "GLM53_TABBYAPI_DIR"
@@ -152,6 +152,12 @@ def tabby_command(environ: Mapping[str, str], python: str, config_path: PurePosi
     return [program, main, "--config", str(config_path)], origin
 
 
+def _refused_by_tabby(key: str) -> BadInput | None:
+    if key in SECRET_ENV or key.startswith(TABBY_ENV_PREFIX):
+        return BadInput(f"the plan sets {key}", hint="the plan may set engine variables only")
+    return None
+
+
 def build_tabby_launch(
     profile: Profile,
     *,
@@ -174,17 +180,7 @@ def build_tabby_launch(
     argv, where = tabby_command(environ, python, config_path)
     origins = {f"config {field}": origin for field, origin in config.origins.items()}
     origins["argv"] = where
-    env: dict[str, str] = {}
-    for key, value in profile.env_exports().items():
-        env[key] = value
-        origins[key] = profile.settings[key].source
-    if plan is not None:
-        for key, value in plan.env.items():
-            if key in SECRET_ENV or key.startswith(TABBY_ENV_PREFIX):
-                raise BadInput(f"the plan sets {key}", hint="the plan may set engine variables only")
-            env[key] = value
-            origins[key] = "plan"
-    affinity = sorted(set(plan.cpu_affinity)) if plan is not None and plan.cpu_affinity else None
+    env, affinity = exported_environment(profile, plan, origins, refuse=_refused_by_tabby)
     return LaunchSpec(
         profile=profile.name,
         engine="exllamav3",

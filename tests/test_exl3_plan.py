@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from glm53.cli.main import main
 from glm53.errors import BadInput
 from glm53.host.rig import Rig, RigGpu, load_rig, rig_topology
 from glm53.plan.checkpoint_facts import ModelFacts, load_architecture
@@ -36,6 +34,7 @@ from glm53.plan.exl3 import (
 from glm53.plan.planner import GIB, GpuSpec, Infeasible
 from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, synthesize_trace, write_counts, write_trace
 from glm53.serve.profiles import load_profile
+from tests.support.cli import run_with_capsys as run
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 MIB = 1 << 20
@@ -506,17 +505,6 @@ def test_rig_topology_numbers_cpus_like_linux() -> None:
 
 
 # --- the CLI -------------------------------------------------------------------------------------------------
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["glm53", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_cli_plans_an_exl3_profile_for_a_rig(

@@ -9,21 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from glm53.cli.main import main
+from tests.support.cli import run_with_capsys as run
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 RIG = ["--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "threadripper-5975wx-cgv2")]
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["glm53", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_plan_env_lines_for_the_recipe_rig(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

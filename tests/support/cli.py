@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 
 @dataclass
 class CliResult:
@@ -40,3 +42,19 @@ def run_glm53(*args: str) -> CliResult:
 
 
 __all__ = ["CliResult", "run_glm53"]
+
+
+def run_with_capsys(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    """`glm53 ARGS` through main(), its output read from pytest's capture: (exit code, stdout, stderr)."""
+    from glm53.cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["glm53", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -47,14 +47,20 @@ class TabbyLike(QuietHandler):
         else:
             self._json(404, {"detail": "Not Found"})
 
+    def encode(self, text: str, *, add_bos: bool) -> list[int]:
+        return _encode(text, add_bos=add_bos)
+
+    def decode(self, ids: list[int]) -> str:
+        return _decode(ids)
+
     def do_POST(self) -> None:
         self.paths.append(self.path)
         body = self._read_json()
         if self.path == "/v1/token/encode":
-            tokens = _encode(body["text"], add_bos=body.get("add_bos_token", True))
+            tokens = self.encode(body["text"], add_bos=body.get("add_bos_token", True))
             self._json(200, {"tokens": tokens, "length": len(tokens)})
         elif self.path == "/v1/token/decode":
-            self._json(200, {"text": _decode(body["tokens"])})
+            self._json(200, {"text": self.decode(body["tokens"])})
         elif self.path == "/v1/completions":
             self._complete(body)
         else:
@@ -65,7 +71,7 @@ class TabbyLike(QuietHandler):
             self._json(422, {"detail": "prompt: Input should be a valid string"})
             return
         self.prompts.append(body)
-        prompt = _encode(body["prompt"], add_bos=body.get("add_bos_token", True))
+        prompt = self.encode(body["prompt"], add_bos=body.get("add_bos_token", True))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -131,35 +137,55 @@ def test_bench_run_measures_a_tabbyapi_server(tmp_path: Path) -> None:
     assert len(first_shape) == 2 and first_shape[0] != first_shape[1]
 
 
+FIXTURE_TOKENIZER = Path(__file__).parent / "fixtures" / "exl3" / "tokenizer.json"
+
+
+def _bench(url: str, out: Path, *extra: str) -> Any:
+    return run_glm53("bench", "run", "--base-url", url, "--no-plots", "--out", str(out), "--json", *extra)
+
+
+def test_a_word_level_tokenizer_gets_exact_prompts_from_a_prefix_of_its_decoding(tmp_path: Path) -> None:
+    """The EXL3 fixture's own tokenizer (word level, split on spaces, no decoder): Hugging Face's `decode`, which
+    ExLlamaV3's `Tokenizer.decode` calls, puts a space between tokens, so decoded text re-encodes to about twice
+    as many tokens and the decode/encode rounds never settle (it made every run invalid on the GPU)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(FIXTURE_TOKENIZER))
+
+    class FixtureTokenizer(TabbyLike):
+        """Encodes without special tokens, as TabbyAPI's encode endpoint does with `add_bos_token: false`."""
+
+        def encode(self, text: str, *, add_bos: bool) -> list[int]:
+            return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+        def decode(self, ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+    FixtureTokenizer.prompts, FixtureTokenizer.paths = [], []
+    with serve_http(FixtureTokenizer) as url:
+        result = _bench(url, tmp_path / "report", "--shapes", "96:4,301:4", "--runs", "2", "--style", "random")
+    assert result.code == 0, result.stderr
+    for shape in result.json()["run"]["shapes"]:
+        assert shape["best"]["valid_runs"] == 2
+        assert all(run["prompt_tokens"] == shape["prompt_tokens"] for run in shape["runs"])
+    for prompt in FixtureTokenizer.prompts:
+        assert len(tokenizer.encode(prompt["prompt"], add_special_tokens=False).ids) in (96, 301)
+
+
 def test_a_prompt_that_cannot_be_made_exact_is_an_invalid_run_not_a_crash(tmp_path: Path) -> None:
     class Lossy(TabbyLike):
-        """Decoding drops every token above 100 (as a tokenizer that drops unknown words does)."""
+        """Decoding drops every token (as a tokenizer that decodes unknown ids to nothing does)."""
 
         def do_POST(self) -> None:
             if self.path == "/v1/token/decode":
-                body = self._read_json()
-                self._json(200, {"text": _decode([t for t in body["tokens"] if t <= 100])})
+                self._read_json()
+                self._json(200, {"text": ""})
                 return
             super().do_POST()
 
     Lossy.prompts, Lossy.paths = [], []
     with serve_http(Lossy) as url:
-        result = run_glm53(
-            "bench",
-            "run",
-            "--base-url",
-            url,
-            "--shapes",
-            "64:4",
-            "--runs",
-            "1",
-            "--retries",
-            "0",
-            "--no-plots",
-            "--out",
-            str(tmp_path / "report"),
-            "--json",
-        )
+        result = _bench(url, tmp_path / "report", "--shapes", "64:4", "--runs", "1", "--retries", "0")
     assert result.code == 1
     run = result.json()["run"]["shapes"][0]["runs"][0]
     assert run["valid"] is False and "no text encodes to exactly 64 tokens" in run["invalid_reason"]

@@ -9,7 +9,7 @@
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
 # ARCH (default 9.0) is the CUDA architecture to build for; WORK (default /root/glm53-gpu) keeps the build and
 # the model; FIXTURE_TGZ (stage fixture-tgz) is a converted fixture from an earlier fixture stage. STYLE is the
-# bench's prompt style: random by default, since the fixture's 512-word tokenizer cannot round-trip prose.
+# bench's prompt style (random by default); SPLIT (default 8) the routed experts per layer served on the CPU.
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -67,7 +67,7 @@ for stage in "$@"; do
     glm53 model lock --model-dir "$model" --repo local/glm53-tiny-exl3 --force >"$out/lock.log" 2>&1; echo "lock rc=$?"
     export GLM53_TABBYAPI_DIR=$tabby
     args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
-      --set EXL3_MOE_CPU_SPLIT=8 --set EXL3_MOE_CPU_THREADS=8 ${SERVE_ARGS:-})
+      --set EXL3_MOE_CPU_SPLIT=${SPLIT:-8} --set EXL3_MOE_CPU_THREADS=8 ${SERVE_ARGS:-})
     glm53 "${args[@]}" --dry-run >"$out/serve-dry-run.txt" 2>&1; echo "dry-run rc=$?"; tail -3 "$out/serve-dry-run.txt"
     glm53 "${args[@]}" >"$out/serve.log" 2>&1 &
     server=$!

@@ -16,6 +16,8 @@ import zlib
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+
 from tests.support.bench_fixtures import QuietHandler, serve_http
 from tests.support.cli import run_glm53
 
@@ -38,6 +40,9 @@ def _decode(ids: list[int]) -> str:
 class TabbyLike(QuietHandler):
     prompts: ClassVar[list[dict[str, Any]]] = []
     paths: ClassVar[list[str]] = []
+    # ExLlamaV3 1.4.6 generates one token short of max_new_tokens (generator/job.py:
+    # `self.max_new_tokens = max_new_tokens - 1 or 1`), and TabbyAPI passes max_tokens through unchanged.
+    shortfall: ClassVar[int] = 1
 
     def do_GET(self) -> None:
         self.paths.append(self.path)
@@ -76,9 +81,10 @@ class TabbyLike(QuietHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         created = int(time.time())
-        for index in range(body["max_tokens"]):
+        generated = max(body["max_tokens"] - self.shortfall, 1)
+        for index in range(generated):
             time.sleep(0.002)  # a decode step
-            finish = "length" if index == body["max_tokens"] - 1 else None
+            finish = "length" if index == generated - 1 else None
             choice = {"index": 0, "text": f" w{index}", "token": index, "finish_reason": finish}
             event = {
                 "id": "cmpl-1",
@@ -91,8 +97,8 @@ class TabbyLike(QuietHandler):
             self.wfile.flush()
         usage = {
             "prompt_tokens": len(prompt),
-            "completion_tokens": body["max_tokens"],
-            "total_tokens": len(prompt) + body["max_tokens"],
+            "completion_tokens": generated,
+            "total_tokens": len(prompt) + generated,
         }
         final = {
             "id": "cmpl-1",
@@ -106,42 +112,38 @@ class TabbyLike(QuietHandler):
         self.wfile.flush()
 
 
-def test_bench_run_measures_a_tabbyapi_server(tmp_path: Path) -> None:
-    TabbyLike.prompts, TabbyLike.paths = [], []
-    with serve_http(TabbyLike) as url:
-        result = run_glm53(
-            "bench",
-            "run",
-            "--base-url",
-            url,
-            "--shapes",
-            "96:12,300:8",
-            "--runs",
-            "2",
-            "--no-plots",
-            "--out",
-            str(tmp_path / "report"),
-            "--json",
-        )
+@pytest.mark.parametrize("shortfall", [1, 0], ids=["one-short-as-exllamav3-1.4.6", "exact"])
+def test_bench_run_measures_a_tabbyapi_server(tmp_path: Path, shortfall: int) -> None:
+    class Engine(TabbyLike):
+        pass
+
+    Engine.shortfall, Engine.prompts, Engine.paths = shortfall, [], []
+    with serve_http(Engine) as url:
+        result = _bench(url, tmp_path / "report", "--shapes", "96:12,300:8", "--runs", "2")
     assert result.code == 0, result.stderr
     report = result.json()
     for shape in report["run"]["shapes"]:
         assert shape["best"]["valid_runs"] == 2
         assert all(run["prompt_tokens"] == shape["prompt_tokens"] for run in shape["runs"])
+        assert all(run["completion_tokens"] == shape["output_tokens"] for run in shape["runs"])
+    # One short probe measured the shortfall; every measured request asked for that many tokens more.
+    probe, *measured = Engine.prompts
+    assert probe["max_tokens"] == 4 and len(probe["prompt"].split()) == 8
+    assert sorted({p["max_tokens"] for p in measured}) == [8 + shortfall, 12 + shortfall]
     # TabbyAPI's own endpoints, never vLLM's /tokenize; text prompts without BOS or cache_salt.
-    assert "/v1/token/encode" in TabbyLike.paths and "/tokenize" not in TabbyLike.paths
-    assert all(p["add_bos_token"] is False and "cache_salt" not in p for p in TabbyLike.prompts)
-    assert all(p.get("ignore_eos") is True for p in TabbyLike.prompts)
+    assert "/v1/token/encode" in Engine.paths and "/tokenize" not in Engine.paths
+    assert all(p["add_bos_token"] is False and "cache_salt" not in p for p in Engine.prompts)
+    assert all(p.get("ignore_eos") is True for p in Engine.prompts)
     # Two runs of one shape send different prompts of the same length: no run is served from the page cache.
-    first_shape = [p["prompt"] for p in TabbyLike.prompts if len(p["prompt"].split()) == 96]
+    first_shape = [p["prompt"] for p in measured if len(p["prompt"].split()) == 96]
     assert len(first_shape) == 2 and first_shape[0] != first_shape[1]
-
-
-FIXTURE_TOKENIZER = Path(__file__).parent / "fixtures" / "exl3" / "tokenizer.json"
 
 
 def _bench(url: str, out: Path, *extra: str) -> Any:
     return run_glm53("bench", "run", "--base-url", url, "--no-plots", "--out", str(out), "--json", *extra)
+
+
+FIXTURE_TOKENIZER = Path(__file__).parent / "fixtures" / "exl3" / "tokenizer.json"
 
 
 def test_a_word_level_tokenizer_gets_exact_prompts_from_a_prefix_of_its_decoding(tmp_path: Path) -> None:
@@ -168,7 +170,7 @@ def test_a_word_level_tokenizer_gets_exact_prompts_from_a_prefix_of_its_decoding
     for shape in result.json()["run"]["shapes"]:
         assert shape["best"]["valid_runs"] == 2
         assert all(run["prompt_tokens"] == shape["prompt_tokens"] for run in shape["runs"])
-    for prompt in FixtureTokenizer.prompts:
+    for prompt in FixtureTokenizer.prompts[1:]:  # the first is the 8-token probe of the output shortfall
         assert len(tokenizer.encode(prompt["prompt"], add_special_tokens=False).ids) in (96, 301)
 
 

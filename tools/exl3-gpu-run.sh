@@ -17,7 +17,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-/root/glm53-gpu}; wheels=${WHEELS:-$root/.whl}; tabby=${TABBY:-$root/.gpu/tabby}
 site=$work/site; model=$work/fx/exl3
 export PYTHONUNBUFFERED=1 PYTHONPATH=$site:$root/python/src
-glm53() { python3 -c 'import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()' "$@"; }
+glm53_main='import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()'
+glm53() { python3 -c "$glm53_main" "$@"; }
 stamp() { echo "== $(date +%T) $*"; }
 
 for stage in "$@"; do
@@ -69,14 +70,11 @@ for stage in "$@"; do
     args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
       --set EXL3_MOE_CPU_SPLIT=${SPLIT:-8} --set EXL3_MOE_CPU_THREADS=8 ${SERVE_ARGS:-})
     glm53 "${args[@]}" --dry-run >"$out/serve-dry-run.txt" 2>&1; echo "dry-run rc=$?"; tail -3 "$out/serve-dry-run.txt"
-    glm53 "${args[@]}" >"$out/serve.log" 2>&1 &
+    # started directly, not through the shell function, so that $! is glm53 itself (which execs TabbyAPI)
+    python3 -c "$glm53_main" "${args[@]}" >"$out/serve.log" 2>&1 &
     server=$!
     sleep 8
-    if ! kill -0 $server 2>/dev/null; then
-      echo "serve stopped at once:"; tail -12 "$out/serve.log"
-      glm53 "${args[@]}" --skip-preflight >"$out/serve.log" 2>&1 &
-      server=$!
-    fi
+    if ! kill -0 $server 2>/dev/null; then echo "serve stopped at once:"; tail -12 "$out/serve.log"; continue; fi
     for _ in $(seq 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
     stamp "health: $(curl -s http://127.0.0.1:8011/health)"
     body='{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":32,"temperature":0}'
@@ -85,7 +83,7 @@ for stage in "$@"; do
     curl -sN http://127.0.0.1:8011/v1/chat/completions -H 'content-type: application/json' \
       -d "${body%\}},\"stream\":true}" >"$out/chat-stream.txt"
     echo "stream: $(grep -c '^data:' "$out/chat-stream.txt") events, last: $(tail -c 200 "$out/chat-stream.txt" | tr '\n' ' ')"
-    timeout ${BENCH_TIMEOUT:-240} python3 -c 'import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()' bench run \
+    timeout ${BENCH_TIMEOUT:-240} python3 -c "$glm53_main" bench run \
       --base-url http://127.0.0.1:8011 --shapes "${SHAPES:-512:128,2048:128}" --style "${STYLE:-random}" --runs 2 --out "$out/bench" --no-plots \
       --json >"$out/bench.json" 2>"$out/bench.err"
     echo "bench rc=$?"; tail -5 "$out/bench.err"
@@ -95,7 +93,7 @@ for stage in "$@"; do
     for _ in $(seq 60); do kill -0 $server 2>/dev/null || break; sleep 1; done
     if kill -0 $server 2>/dev/null; then echo "server still running 60 s after SIGTERM"; kill -KILL $server; fi
     wait $server; echo "server rc=$? after $(( $(date +%s) - stop )) s"
-    pgrep -af "moe|tabby|main.py" || echo "no process left"
+    pgrep -af "tabby/main.py|exllamav3" || echo "no process left"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -90,6 +90,8 @@ class BenchClient:
         # "tabbyapi" once server_info() has seen TabbyAPI's model card: tokenize and prompts go its way.
         self.dialect = "vllm"
         self._texts: dict[tuple[int, ...], str] = {}
+        # Tokens the server generates short of `max_tokens`, measured once (see _output_shortfall).
+        self.output_shortfall: int | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # The read timeout bounds the silence between two chunks; a 260K prompt's prefill can be
         # several minutes of silence, hence the long default.
@@ -278,8 +280,26 @@ class BenchClient:
         if salt and len(ids) > 1:
             shift = int.from_bytes(salt.encode(), "big") % len(ids)
             ids = ids[shift:] + ids[:shift]
-        prompt = self.text_prompt(str(body.get("model", "")), ids)
-        return {k: v for k, v in body.items() if k != "cache_salt"} | {"prompt": prompt, "add_bos_token": False}
+        model = str(body.get("model", ""))
+        sent = {k: v for k, v in body.items() if k != "cache_salt"} | {"add_bos_token": False}
+        prompt = self.text_prompt(model, ids)
+        if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 0:
+            sent["max_tokens"] = body["max_tokens"] + self._output_shortfall(sent, ids)
+        return sent | {"prompt": prompt}
+
+    def _output_shortfall(self, body: dict[str, Any], ids: list[int]) -> int:
+        """How many tokens fewer than `max_tokens` the server generates: ExLlamaV3 1.4.6 stops one short
+        (generator/job.py: `self.max_new_tokens = max_new_tokens - 1 or 1`), which would make every run's
+        output one token short of its shape. Measured once per server with a short request of the same form,
+        so an engine that generates what it is asked gets 0; anything but 0 or 1 is left for the run's own
+        usage check to report."""
+        if self.output_shortfall is None:
+            probe_tokens = 4
+            probe = body | {"prompt": self.text_prompt(str(body.get("model", "")), ids[:8]), "max_tokens": probe_tokens}
+            usage = self.stream("/v1/completions", probe).usage
+            shortfall = probe_tokens - usage.completion_tokens if usage is not None else 0
+            self.output_shortfall = shortfall if shortfall in (0, 1) else 0
+        return self.output_shortfall
 
     def _consume(self, response: httpx.Response, parser: SSEParser, events: StreamAccumulator, started: float) -> None:
         """Feed the stream's events until it ends or is broken. Data that never completes an event (keep-alive

@@ -121,7 +121,7 @@ def main() -> None:
     quiet_warnings()
     code = 0
     try:
-        from vllm.entrypoints.cli.main import main as vllm_main
+        from vllm.entrypoints.cli.main import main as vllm_main  # heavy: vLLM, in the process it runs
 
         _filter_shutdown_noise()
         vllm_main()  # type: ignore[no-untyped-call]

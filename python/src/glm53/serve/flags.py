@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text
-from glm53.serve.launcher import install_version_shim
+from glm53.serve.vllm_cpu import install_version_shim
 
 
 class FlagCheck(BaseModel):

@@ -536,11 +536,6 @@ def check_model(f: TargetFacts) -> list[Check]:
     return checks
 
 
-ENGINE_LIBRARIES_CHECK = "engine libraries"
-# Every compute capability ExLlamaV3 supports (8.0 and newer): same major, any minor (HostLimits.runs_on).
-EXL3_CAPABILITIES = [(8, 0), (9, 0), (10, 0), (11, 0), (12, 0)]
-
-
 def check_engine_libraries(f: HostFacts) -> Check:
     if f.engine_libraries_missing is None:
         return Check(name=ENGINE_LIBRARIES_CHECK, status="skip", detail="not checked")

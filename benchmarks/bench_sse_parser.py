@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.bench.client import BenchClient
-from glm53.bench.compare import recipe_performance
 from glm53.bench.sse import SSEParser
 from glm53.bench.stream import StreamAccumulator
+from glm53.recipe.performance import recipe_performance
 
 REQUIRED_HEADROOM = 20.0
 

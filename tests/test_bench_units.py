@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.bench.compare import compare_summaries, compare_to_recipe, recipe_performance
+from glm53.bench.compare import compare_summaries, compare_to_recipe
 from glm53.bench.gates import maximum_gates, minimum_gates, parse_thresholds
 from glm53.bench.metrics import diff_metrics, parse_prometheus
 from glm53.bench.needle import (
@@ -39,6 +39,7 @@ from glm53.bench.runner import (
     run_gates,
 )
 from glm53.errors import BadInput
+from glm53.recipe.performance import recipe_performance
 
 METRICS_BEFORE = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter

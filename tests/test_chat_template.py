@@ -7,13 +7,13 @@ import json
 import pytest
 
 from glm53.errors import BadInput
+from glm53.recipe.profiles import load_profile
 from glm53.serve.chat_template import (
     THINKING_BUDGET_TOKENS,
     bounded_template_path,
     reasoning_end_str,
     render,
 )
-from glm53.serve.profiles import load_profile
 
 PHRASE = "I have thought about this enough; I will now act on my best plan."
 

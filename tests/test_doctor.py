@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from glm53.host.doctor import (
+from glm53.host.gpus import NoGpu, read_gpus
+from glm53.preflight.doctor import (
     DoctorFacts,
     DoctorReport,
     audit_host,
@@ -22,8 +23,7 @@ from glm53.host.doctor import (
     requirements_for,
     run_checks,
 )
-from glm53.host.gpus import NoGpu, read_gpus
-from glm53.serve.profiles import load_profile
+from glm53.recipe.profiles import load_profile
 from tests.support.cli import run_glm53
 from tests.support.fake_nvml import FakeGpu, FakeNvml, two_3090s
 from tests.support.server import free_port
@@ -37,7 +37,7 @@ def _facts(tree: str, nvml: FakeNvml | None = None, **kwargs: object) -> DoctorF
 
 
 def test_thresholds_come_from_the_repro_lock() -> None:
-    from glm53.repro import load_repro_lock
+    from glm53.recipe.pins import load_repro_lock
 
     lock = load_repro_lock()
     limits = limits_from_lock(lock)

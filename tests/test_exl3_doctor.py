@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from glm53.host.doctor import (
+from glm53.host.exl3_engine import Exl3EngineFacts, read_exl3_engine
+from glm53.host.gpus import read_gpus
+from glm53.preflight.doctor import (
     ENGINE_LIBRARIES_CHECK,
     DoctorFacts,
     DoctorReport,
@@ -19,9 +21,7 @@ from glm53.host.doctor import (
     requirements_for,
     run_checks,
 )
-from glm53.host.exl3_engine import Exl3EngineFacts, read_exl3_engine
-from glm53.host.gpus import read_gpus
-from glm53.serve.profiles import load_profile
+from glm53.recipe.profiles import load_profile
 from tests.support.cli import run_glm53
 from tests.support.fake_nvml import FakeGpu, FakeNvml, two_3090s
 from tests.support.server import free_port
@@ -55,7 +55,7 @@ def _by_name(report: DoctorReport) -> dict[str, tuple[str, str, str | None]]:
 
 
 def test_the_pinned_version_comes_from_the_lock() -> None:
-    from glm53.repro import load_repro_lock
+    from glm53.recipe.pins import load_repro_lock
 
     assert PINNED == load_repro_lock().engine.exllamav3.version == "1.4.6"
 

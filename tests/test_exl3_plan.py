@@ -33,7 +33,7 @@ from glm53.plan.exl3 import (
 )
 from glm53.plan.planner import GIB, GpuSpec, Infeasible
 from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, synthesize_trace, write_counts, write_trace
-from glm53.serve.profiles import load_profile
+from glm53.recipe.profiles import load_profile
 from tests.support.cli import run_with_capsys as run
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import BadInput
+from glm53.recipe.profiles import KEYS, load_profile
 from glm53.serve.chat_template import bounded_template_path
 from glm53.serve.launch import PlanInput, build_launch, environment_for_exec
-from glm53.serve.profiles import KEYS, load_profile
 
 RECIPE = json.loads((Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text())
 RECIPE_TEMPLATE = "/opt/glm53/configs/chat-template-bounded.jinja"

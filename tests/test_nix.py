@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.repro import load_repro_lock
+from glm53.recipe.pins import load_repro_lock
 from tests.support.nixenv import NIX_CONFIG, NIX_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +138,7 @@ def test_serve_args_keep_loopback_unless_told() -> None:
 
 
 def test_the_module_offers_exactly_the_packaged_profiles() -> None:
-    from glm53.serve.profiles import PROFILE_NAMES
+    from glm53.recipe.profiles import PROFILE_NAMES
 
     assert json.loads(nix_eval(lib_expr("lib.profileNames")).stdout) == sorted(PROFILE_NAMES)
 

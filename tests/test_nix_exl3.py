@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from glm53.repro import load_repro_lock
+from glm53.recipe.pins import load_repro_lock
 from tests.support.nixenv import NIX_ENV
 from tests.support.nixeval import GLM53_PREFIX, NIXPKGS_LIB, ROOT, SERVER, needs_nixpkgs_lib
 

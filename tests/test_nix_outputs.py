@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.repro import load_repro_lock
+from glm53.recipe.pins import load_repro_lock
 from tests.support.nixenv import NIX_ENV
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from glm53.host.facts import read_host_facts
 from glm53.host.gpus import read_gpus
 from glm53.plan.env import env_lines, parse_capacity_plan, plan_serving_env
 from glm53.plan.planner import GpuSpec, gpu_spec
-from glm53.serve.profiles import load_profile
+from glm53.recipe.profiles import load_profile
 from tests.support.fake_nvml import FakeNvml, two_3090s
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import BadInput
-from glm53.serve.profiles import (
+from glm53.recipe.profiles import (
     KEYS,
     PROFILE_NAMES,
     RECIPE_KEYS,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import BadInput
-from glm53.repro import check_repo, load_repro_lock, repro_lock_sha256
+from glm53.recipe.pins import load_repro_lock, repro_lock_sha256
+from glm53.repro import check_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "repro.lock.json"

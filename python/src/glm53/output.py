@@ -51,6 +51,7 @@ class Output:
         if not self.interactive:
             yield ProgressBar(None, description, echo=self.info)
             return
+        # heavy: rich.progress takes ~0.1 s to import; only a bar on a terminal needs it
         from rich.progress import (
             BarColumn,
             DownloadColumn,

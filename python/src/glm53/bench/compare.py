@@ -7,9 +7,7 @@ gate on the candidate (B, or the one report): the same keys and rule as `bench r
 
 from __future__ import annotations
 
-import json
 import math
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +18,7 @@ from glm53.bench.gates import GateResult, maximum_gates, minimum_gates
 from glm53.bench.report import Summary, load_summary
 from glm53.bench.runner import RUN_FAIL_OVER, RUN_FAIL_UNDER, run_gates
 from glm53.errors import BadInput
+from glm53.recipe.performance import RecipeAgent, recipe_performance
 
 Metric = Literal["ttft_ms", "prefill_tok_s", "decode_tok_s"]
 METRICS: tuple[Metric, ...] = ("ttft_ms", "prefill_tok_s", "decode_tok_s")
@@ -29,30 +28,6 @@ AGENT_METRICS: tuple[str, ...] = (
     "mean_decode_tok_s",
 )
 _LOWER_IS_BETTER = frozenset({"ttft_ms", "median_tool_call_turn_latency_s"})
-
-
-class RecipePoint(BaseModel):
-    context_len: int
-    output_tokens: int
-    ttft_ms: float
-    prefill_tok_s: float
-    decode_tok_s: float
-
-
-class RecipeAgent(BaseModel):
-    profile: str
-    tasks: int
-    prefix_cache_hit_pct: float
-    median_tool_call_turn_latency_s: float
-    mean_decode_tok_s: float
-
-
-class RecipePerformance(BaseModel):
-    source: str
-    method: str
-    default_profile: str
-    profiles: dict[str, list[RecipePoint]]
-    agent: RecipeAgent
 
 
 class ComparisonRow(BaseModel):
@@ -73,11 +48,6 @@ class Comparison(BaseModel):
     a_label: str
     b_label: str
     rows: list[ComparisonRow]
-
-
-def recipe_performance() -> RecipePerformance:
-    raw = resources.files("glm53").joinpath("data/recipe-performance.json").read_text(encoding="utf-8")
-    return RecipePerformance.model_validate(json.loads(raw))
 
 
 def _finite(value: float | None) -> float | None:

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from glm53.bench.compare import RecipePoint, recipe_performance
 from glm53.bench.runner import RunSection
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_bytes
+from glm53.recipe.performance import RecipePoint, recipe_performance
 
 TTFT_PNG = "ttft_vs_context.png"
 DECODE_PNG = "decode_vs_context.png"
@@ -18,11 +18,11 @@ DECODE_PNG = "decode_vs_context.png"
 
 def _pyplot() -> Any:
     try:
-        import matplotlib
+        import matplotlib  # optional: the plots extra
     except ImportError as exc:
         raise Unavailable("matplotlib is not installed", hint="pip install 'glm53[plots]', or pass --no-plots") from exc
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plots extra, once its backend is chosen
 
     return plt
 

@@ -31,12 +31,15 @@ from glm53.bench.needle import NeedleSection
 from glm53.bench.runner import RunSection
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import atomic_write_json, read_json
+from glm53.host import gpus as host_gpus
+from glm53.recipe.pins import repro_lock_sha256
+from glm53.recipe.profiles import DEFAULT_PROFILE, KEYS, load_profile, read_env_file
 from glm53.repro.manifest import Manifest, build_manifest
 
 SCHEMA_VERSION: Literal["glm53.bench/1"] = "glm53.bench/1"
 SUMMARY_NAME = "summary.json"
 
-# Engine and planner settings worth recording besides the profile keys (glm53.serve.profiles.KEYS); values of keys
+# Engine and planner settings worth recording besides the profile keys (glm53.recipe.profiles.KEYS); values of keys
 # that look secret are never copied.
 _PLAN_PREFIXES = ("EXL3_", "GLM53_", "VLLM_", "HYBRID_", "CUDA_", "OMP_")
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
@@ -120,8 +123,6 @@ def collect_environment(
 
 def resolved_plan(profile: str | None, env: dict[str, str], env_file: Path | None) -> dict[str, PlanSetting]:
     """The serving profile as `glm53 serve` would resolve it here, each value with where it came from."""
-    from glm53.serve.profiles import DEFAULT_PROFILE, load_profile, read_env_file
-
     loaded = load_profile(
         profile or DEFAULT_PROFILE, environ=env, env_file=read_env_file(env_file) if env_file else None
     )
@@ -133,7 +134,9 @@ def resolved_plan(profile: str | None, env: dict[str, str], env_file: Path | Non
 
 
 def plan_env(env: dict[str, str]) -> dict[str, str]:
-    known = _profile_keys()
+    """The environment's profile keys (glm53.recipe.profiles) and planner variables, so the report shows the
+    plan in force."""
+    known = frozenset(KEYS)
     chosen = {}
     for key in sorted(env):
         if any(marker in key.upper() for marker in _SECRET_MARKERS):
@@ -141,15 +144,6 @@ def plan_env(env: dict[str, str]) -> dict[str, str]:
         if key in known or key.startswith(_PLAN_PREFIXES):
             chosen[key] = env[key]
     return chosen
-
-
-def _profile_keys() -> frozenset[str]:
-    """Every key a serving profile may set (glm53.serve.profiles), so the report shows the plan in force."""
-    try:
-        from glm53.serve.profiles import KEYS
-    except (ImportError, AttributeError):
-        return frozenset()
-    return frozenset(KEYS)
 
 
 def tool_sha256() -> str:
@@ -319,21 +313,13 @@ def write_section(out_dir: Path, environment: Environment, **sections: Any) -> P
 def _gpus() -> tuple[list[dict[str, Any]], str | None, str | None]:
     """(GPUs, driver, note when there are none): never fails the report."""
     try:
-        from glm53.host.gpus import NoGpu, read_gpus
-    except ImportError as exc:
-        return [], None, f"GPU discovery unavailable: {exc}"
-    try:
-        gpus = read_gpus()
-    except NoGpu as exc:
+        gpus = host_gpus.read_gpus()
+    except host_gpus.NoGpu as exc:
         return [], None, str(exc)
     return [gpu.model_dump(mode="json") for gpu in gpus], (gpus[0].driver_version if gpus else None), None
 
 
 def _repro_lock_sha256() -> str | None:
-    try:
-        from glm53.repro import repro_lock_sha256
-    except (ImportError, AttributeError):
-        return None
     try:
         return repro_lock_sha256()
     except Exception:

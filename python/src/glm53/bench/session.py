@@ -24,6 +24,8 @@ from glm53.bench.report import (
     write_section,
 )
 from glm53.errors import BadInput, Glm53Error
+from glm53.recipe.profiles import PROFILE_NAMES
+from glm53.serve.exec import read_api_key
 
 # Where the API key may come from besides --api-key-file and --api-key, in this order.
 API_KEY_ENV = ("GLM53_API_KEY", "OPENAI_API_KEY")
@@ -87,7 +89,6 @@ def _connect(target: Target) -> tuple[BenchClient, ServerInfo]:
 
 
 def _environment(server: ServerInfo, target: Target) -> Environment:
-    from glm53.serve.profiles import PROFILE_NAMES
 
     profile = target.serve_profile
     if profile is not None and profile not in PROFILE_NAMES:
@@ -112,8 +113,6 @@ def resolve_api_key(flag: str | None, key_file: Path | None, environ: Mapping[st
     if key_file is not None and flag is not None:
         raise BadInput("pass --api-key-file or --api-key, not both", hint="prefer --api-key-file")
     if key_file is not None:
-        from glm53.serve.exec import read_api_key
-
         return read_api_key(key_file)
     if flag is not None:
         if not flag.strip():

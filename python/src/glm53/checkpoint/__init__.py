@@ -1,1 +1,2 @@
-"""The checkpoint: lock, Hub download, hashing, verify, the index repair, safetensors headers, model spec."""
+"""The checkpoint: lock, the Hub (its API and the download), hashing, verify, the index repair, safetensors headers,
+model spec."""

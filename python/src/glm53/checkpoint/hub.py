@@ -36,17 +36,13 @@ from typing import Any, Protocol, cast
 from pydantic import BaseModel
 
 from glm53.checkpoint.hashing import HashProgress
+from glm53.checkpoint.hub_api import hub_endpoint, hub_errors, hub_headers, lock_from_hub, require_repo_id
 from glm53.checkpoint.lock import (
     CheckpointLock,
     LockedFile,
     default_lock_path,
-    hub_endpoint,
-    hub_errors,
-    hub_headers,
     load_lock,
-    lock_from_hub,
     require_full_revision,
-    require_repo_id,
     write_lock,
 )
 from glm53.checkpoint.verify import VerifyReport, verify_checkpoint
@@ -325,6 +321,7 @@ class _Fetcher:
             self.progress.advance(nbytes)
 
     def _fetch(self, job: _Job) -> None:
+        # heavy: huggingface_hub takes ~0.4 s to import; only Hub commands pay it
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.file_download import http_get
         from huggingface_hub.utils.tqdm import silent_tqdm

@@ -8,11 +8,56 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from glm53.bench.agent import (
+    AGENT_FAIL_OVER,
+    AGENT_FAIL_UNDER,
+    agent_gates,
+    load_script,
+    require_completed_turns,
+    run_agent,
+    scripted_tokens,
+)
+from glm53.bench.agent import (
+    check_fits as check_agent_fits,
+)
+from glm53.bench.backends import SplitTracker, parse_backends
+from glm53.bench.coherence import PROBES, PROMPT_ALLOWANCE, coherence_gates, run_coherence
+from glm53.bench.compare import COMPARE_FAIL_OVER, COMPARE_FAIL_UNDER, compare_gates, compare_reports
+from glm53.bench.gates import GateResult, enforce_gates, parse_limits, parse_thresholds
+from glm53.bench.needle import NEEDLE_FAIL_UNDER, needle_gates, parse_depths, parse_sizes, run_needles
+from glm53.bench.plots import write_report_plots
+from glm53.bench.prompts import PromptFactory, parse_style
+from glm53.bench.render import (
+    agent_tables,
+    coherence_line,
+    coherence_table,
+    comparison_table,
+    needle_line,
+    needle_table,
+    run_line,
+    run_tables,
+    turn_line,
+    with_gates,
+)
+from glm53.bench.report import json_safe, write_section
+from glm53.bench.runner import (
+    RUN_FAIL_OVER,
+    RUN_FAIL_UNDER,
+    fitting_shapes,
+    parse_shapes,
+    require_valid_runs,
+    run_benchmark,
+    run_gates,
+)
+from glm53.bench.runner import (
+    check_fits as check_shapes_fit,
+)
+from glm53.bench.session import Target, check_answer_fits, checkpointer, gated_payload, measuring, resolve_api_key
 from glm53.cli.options import (
     BackendOpt,
     BaseUrlOpt,
@@ -27,10 +72,6 @@ from glm53.cli.options import (
     ServeProfileOpt,
 )
 from glm53.output import Output
-
-if TYPE_CHECKING:
-    from glm53.bench.backends import SplitTracker
-    from glm53.bench.gates import GateResult
 
 bench_app = typer.Typer(
     no_args_is_help=True,
@@ -67,10 +108,6 @@ def _finish(
 ) -> None:
     """Print the result and its gates; exit 1 when a gate failed. `where` names the report the values come
     from (default: the summary just written, payload['summary'])."""
-    from glm53.bench.gates import enforce_gates
-    from glm53.bench.render import with_gates
-    from glm53.bench.session import gated_payload
-
     payload = gated_payload(payload, gates)
     out.result(payload, with_gates(render, gates, payload.get("summary")))
     if enforce:
@@ -123,24 +160,6 @@ def run_cmd(
     Example: glm53 bench run --base-url http://127.0.0.1:8000 --fail-under decode=45
              glm53 bench run --base-url http://router:8100 --backend http://10.0.0.11:8000 --backend http://10.0.0.12:8000
     """
-    from glm53.bench.backends import parse_backends
-    from glm53.bench.gates import parse_limits
-    from glm53.bench.plots import write_report_plots
-    from glm53.bench.prompts import PromptFactory, parse_style
-    from glm53.bench.render import run_line, run_tables
-    from glm53.bench.report import write_section
-    from glm53.bench.runner import (
-        RUN_FAIL_OVER,
-        RUN_FAIL_UNDER,
-        check_fits,
-        fitting_shapes,
-        parse_shapes,
-        require_valid_runs,
-        run_benchmark,
-        run_gates,
-    )
-    from glm53.bench.session import Target, checkpointer, measuring, resolve_api_key
-
     prompt_style = parse_style(style)
     parsed = parse_shapes(shapes) if shapes is not None else None
     behind = tuple(parse_backends(backends))
@@ -161,7 +180,7 @@ def run_cmd(
             parsed, note = fitting_shapes(session.server.max_model_len)
             if note is not None:
                 out.info(note)
-        check_fits(parsed, session.server.max_model_len)
+        check_shapes_fit(parsed, session.server.max_model_len)
         tracker = session.tracker
         served = session.server.model
         out.info(f"benchmarking {served} at {session.server.base_url}: {len(parsed)} shapes x {runs} runs")
@@ -220,13 +239,6 @@ def needle_cmd(
 
     Example: glm53 bench needle --sizes 32768,131072 --depths 0.05,0.5,0.95
     """
-    from glm53.bench.gates import parse_thresholds
-    from glm53.bench.needle import NEEDLE_FAIL_UNDER, needle_gates, parse_depths, parse_sizes, run_needles
-    from glm53.bench.prompts import PromptFactory
-    from glm53.bench.render import needle_line, needle_table
-    from glm53.bench.report import write_section
-    from glm53.bench.session import Target, checkpointer, measuring, resolve_api_key
-
     parsed_sizes, parsed_depths = parse_sizes(sizes), parse_depths(depths)
     under = parse_thresholds(fail_under, NEEDLE_FAIL_UNDER, flag="--fail-under")
     out = Output(json_mode=json_out)
@@ -284,11 +296,6 @@ def coherence_cmd(
 
     Example: glm53 bench coherence --base-url http://127.0.0.1:8000
     """
-    from glm53.bench.coherence import PROBES, PROMPT_ALLOWANCE, coherence_gates, run_coherence
-    from glm53.bench.render import coherence_line, coherence_table
-    from glm53.bench.report import write_section
-    from glm53.bench.session import Target, check_answer_fits, checkpointer, measuring, resolve_api_key
-
     out = Output(json_mode=json_out)
     target = Target(
         base_url=base_url,
@@ -356,23 +363,6 @@ def agent_cmd(
     Example: glm53 bench agent --fail-under cache-hit=60
              glm53 bench agent --base-url http://router:8100 --backend http://10.0.0.11:8000 --backend http://10.0.0.12:8000
     """
-    from glm53.bench.agent import (
-        AGENT_FAIL_OVER,
-        AGENT_FAIL_UNDER,
-        agent_gates,
-        check_fits,
-        load_script,
-        require_completed_turns,
-        run_agent,
-        scripted_tokens,
-    )
-    from glm53.bench.backends import parse_backends
-    from glm53.bench.gates import parse_limits
-    from glm53.bench.prompts import PromptFactory
-    from glm53.bench.render import agent_tables, turn_line
-    from glm53.bench.report import write_section
-    from glm53.bench.session import Target, checkpointer, measuring, resolve_api_key
-
     script = load_script().first(tasks)
     under, over = parse_limits(fail_under, AGENT_FAIL_UNDER, fail_over, AGENT_FAIL_OVER)
     behind = tuple(parse_backends(backends))
@@ -391,7 +381,7 @@ def agent_cmd(
         if session.server.max_model_len is not None:
             served = session.server.model
             scripted = scripted_tokens(script, lambda text: len(session.client.tokenize(served, text)))
-            check_fits(system_tokens, max_tokens, session.server.max_model_len, scripted)
+            check_agent_fits(system_tokens, max_tokens, session.server.max_model_len, scripted)
         tracker = session.tracker
         with out.progress("turns", total=script.turns) as bar:
             section = run_agent(
@@ -445,11 +435,6 @@ def compare_cmd(
     Example: glm53 bench compare glm53-bench            # vs the recipe
              glm53 bench compare before/ after/ --fail-under decode=45
     """
-    from glm53.bench.compare import COMPARE_FAIL_OVER, COMPARE_FAIL_UNDER, compare_gates, compare_reports
-    from glm53.bench.gates import parse_limits
-    from glm53.bench.render import comparison_table
-    from glm53.bench.report import json_safe
-
     under, over = parse_limits(fail_under, COMPARE_FAIL_UNDER, fail_over, COMPARE_FAIL_OVER)
     compared = compare_reports(a, b, profile=profile)
     comparison = compared.comparison

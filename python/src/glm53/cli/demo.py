@@ -9,6 +9,7 @@ import typer
 
 from glm53.cli.options import JsonOpt, PortOpt
 from glm53.output import Output
+from glm53.serve.demo import demo_start_checks, prepare_demo_model, serve_demo
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
 
 
@@ -38,8 +39,6 @@ def demo_cmd(
       glm53 demo --port 8001 --rebuild
       glm53 demo --prepare-only --model-dir /tmp/tiny --json
     """
-    from glm53.serve.demo import demo_start_checks, prepare_demo_model, serve_demo
-
     out = Output(json_mode=json_out)
     if not prepare_only:
         demo_start_checks(host, port)

@@ -10,8 +10,10 @@ import typer
 from glm53.cli.options import HostOpt, JsonOpt, ModelDirOpt, PortOpt, ProfileOpt
 from glm53.errors import CheckFailed, Unavailable
 from glm53.output import Output
+from glm53.preflight.doctor import ENGINE_LIBRARIES_CHECK, load_limits, read_facts, requirements_for, run_checks
+from glm53.preflight.render import render_report
+from glm53.recipe.profiles import DEFAULT_PROFILE, load_profile
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
-from glm53.serve.profiles import DEFAULT_PROFILE
 
 
 def doctor_cmd(
@@ -37,10 +39,6 @@ def doctor_cmd(
       glm53 doctor --profile cpu-tiny --port 8001
       glm53 doctor --model-dir /models/glm53 --json
     """
-    from glm53.host.doctor import ENGINE_LIBRARIES_CHECK, load_limits, read_facts, requirements_for, run_checks
-    from glm53.host.render import render_report
-    from glm53.serve.profiles import load_profile
-
     out = Output(json_mode=json_out)
     loaded = load_profile(profile, environ={})
     facts = read_facts(root, host=host, port=port, model_dir=model_dir, engine=loaded.engine)

@@ -3,17 +3,17 @@ queueing simulation; glm53.router.capacity)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
 
 from glm53.cli.options import JsonOpt
+from glm53.errors import BadInput, CheckFailed, invalid_document
 from glm53.output import Output
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from glm53.router.capacity import Plan
+from glm53.router.capacity import POLICIES, PROFILES, Plan, PlanInputs, plan_fleet
 
 fleet_app = typer.Typer(no_args_is_help=True, help="Size a fleet of glm53 boxes behind the router.")
 
@@ -61,11 +61,6 @@ def plan_cmd(
 
     Example: glm53 fleet plan --users 20 --turns-per-min 2 --p95-seconds 60
     """
-    from pydantic import ValidationError
-
-    from glm53.errors import BadInput, CheckFailed, invalid_document
-    from glm53.router.capacity import POLICIES, PROFILES, PlanInputs, plan_fleet
-
     if policy not in POLICIES:
         raise BadInput(f"--policy {policy!r} is not one of {', '.join(POLICIES)}", hint="e.g. --policy sticky")
     if profile not in PROFILES:
@@ -114,8 +109,6 @@ def plan_cmd(
 
 
 def render_plan(console: Console, plan: Plan) -> None:
-    from rich.table import Table
-
     i = plan.inputs
     table = Table(
         "boxes", "utilization", "busiest box", "p50 s", "p95 s", "p99 s", "max wait s", "meets",

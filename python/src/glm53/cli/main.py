@@ -1,6 +1,7 @@
 """Wires the per-noun command modules into one `glm53` app; errors become exit codes here, once.
 
-Command modules import nothing heavy at import time (no torch, no vLLM), so `glm53 --help` stays fast.
+Nothing the command modules import loads a heavy dependency (torch, vLLM, numpy, matplotlib, huggingface_hub)
+at import time, so `glm53 --help` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +12,20 @@ import sys
 import typer
 from rich.console import Console
 
+from glm53.cli import (
+    bench,
+    demo,
+    doctor,
+    fleet,
+    model,
+    plan,
+    probe,
+    profile,
+    repro,
+    router,
+    serve,
+    systemd,
+)
 from glm53.errors import Glm53Error
 
 app = typer.Typer(
@@ -22,32 +37,9 @@ app = typer.Typer(
 )
 
 
-def _register() -> None:
-    # Each command module exposes register(app); modules not present yet are skipped.
-    for optional in (
-        "model",
-        "serve",
-        "profile",
-        "doctor",
-        "demo",
-        "plan",
-        "probe",
-        "bench",
-        "repro",
-        "systemd",
-        "router",
-        "fleet",
-    ):
-        try:
-            module = __import__(f"glm53.cli.{optional}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name == f"glm53.cli.{optional}":
-                continue
-            raise
-        module.register(app)
-
-
-_register()
+# One command module per noun; each adds its commands (or its group) to the app.
+for command in (model, serve, profile, doctor, demo, plan, probe, bench, repro, systemd, router, fleet):
+    command.register(app)
 
 
 def main() -> None:

@@ -7,6 +7,12 @@ from typing import Annotated
 
 import typer
 
+from glm53.checkpoint.hub import download_checkpoint
+from glm53.checkpoint.hub_api import lock_from_hub
+from glm53.checkpoint.index_repair import install
+from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
+from glm53.checkpoint.render import install_json, render_download, render_install, render_lock, render_verify
+from glm53.checkpoint.verify import verify_checkpoint
 from glm53.cli.options import (
     ForceOpt,
     JobsOpt,
@@ -54,9 +60,6 @@ def lock_cmd(
     From the Hub, without downloading weights:
     glm53 model lock --from-hub turboderp/GLM-5.3-Flash-exl3 --revision REV --out glm53.lock.json
     """
-    from glm53.checkpoint.lock import default_lock_path, lock_from_directory, lock_from_hub, write_lock
-    from glm53.checkpoint.render import render_lock
-
     out = Output(json_mode=json_out)
     if from_hub is not None:
         if model_dir is not None or repo is not None:
@@ -99,9 +102,6 @@ def download_cmd(
 
     Resumable across runs: an interrupted file continues from the bytes already on disk.
     """
-    from glm53.checkpoint.hub import download_checkpoint
-    from glm53.checkpoint.render import render_download
-
     out = Output(json_mode=json_out)
     try:
         with out.progress("downloading", in_bytes=True) as progress:
@@ -132,9 +132,6 @@ def verify_cmd(
 
     Exit 0 all good, 1 a mismatch, 2 bad input.
     """
-    from glm53.checkpoint.render import render_verify
-    from glm53.checkpoint.verify import verify_checkpoint
-
     out = Output(json_mode=json_out)
     with out.progress("verifying", in_bytes=True) as progress:
         report = verify_checkpoint(model_dir, lock_path, jobs=jobs, use_cache=not no_cache, progress=progress)
@@ -156,9 +153,6 @@ def install_cmd(
 
     A second run changes nothing. --check exits 1 when the index is incomplete or inconsistent.
     """
-    from glm53.checkpoint.index_repair import install
-    from glm53.checkpoint.render import install_json, render_install
-
     out = Output(json_mode=json_out)
     result = install(model_dir, check_only=check)
     out.result(install_json(result), lambda console: render_install(result, console))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from glm53.serve.profiles import PROFILE_NAMES
+from glm53.recipe.profiles import PROFILE_NAMES
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output file.")]

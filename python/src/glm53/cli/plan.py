@@ -6,10 +6,36 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt, RigOpt
 from glm53.errors import BadInput
+from glm53.fsutil import atomic_write_json
+from glm53.host.rig import load_rig
 from glm53.output import Output
+from glm53.plan.checkpoint_facts import model_facts
+from glm53.plan.comparison import compare_policies, parse_budgets, trace_cost_model
+from glm53.plan.env import check_out_dir, env_lines, save_plan
+from glm53.plan.exl3 import plan_exl3_for_host
+from glm53.plan.exl3_save import PLACEMENT_LEARN_FRACTION, finish_exl3_plan
+from glm53.plan.finite import require_finite
+from glm53.plan.planner import plan_for_host
+from glm53.plan.plots import plot_miss_ratio_curves
+from glm53.plan.render import render_comparison, render_exl3_plan, render_plan, render_synthetic_trace
+from glm53.plan.rig import target_from_options
+from glm53.plan.shape import serving_shape
+from glm53.plan.sizes import gpus_from_sizes
+from glm53.plan.traces import (
+    SyntheticTraceSpec,
+    parse_layers,
+    parse_shifts,
+    read_routing_stats,
+    read_trace,
+    synthesize_trace,
+    write_counts,
+    write_trace,
+)
+from glm53.recipe.profiles import load_profile
 
 plan_app = typer.Typer(
     name="plan",
@@ -130,19 +156,11 @@ def plan(
             json_mode=json_mode,
         )
         return
-    from glm53.plan.env import env_lines, save_plan
-    from glm53.plan.planner import plan_for_host
-    from glm53.plan.render import render_plan
-    from glm53.plan.rig import target_from_options
-    from glm53.plan.shape import serving_shape
-    from glm53.plan.sizes import gpus_from_sizes
 
     output = Output(json_mode=json_mode)
     if env and json_mode:
         raise BadInput("--env and --json both print to stdout: choose one")
     if out is not None:
-        from glm53.plan.env import check_out_dir
-
         check_out_dir(out)
     target = target_from_options(rig, ram, cpus)
     shape = serving_shape(
@@ -182,8 +200,6 @@ def plan(
 
 
 def _engine(profile: str) -> str:
-    from glm53.serve.profiles import load_profile
-
     return load_profile(profile).engine
 
 
@@ -202,16 +218,6 @@ def _plan_exl3(
     json_mode: bool,
 ) -> None:
     """`glm53 plan --profile exl3-*`: the ExLlamaV3 planner, its tables and files."""
-    from glm53.host.rig import load_rig
-    from glm53.plan.checkpoint_facts import model_facts
-    from glm53.plan.env import check_out_dir, env_lines
-    from glm53.plan.exl3 import plan_exl3_for_host
-    from glm53.plan.exl3_save import PLACEMENT_LEARN_FRACTION, finish_exl3_plan
-    from glm53.plan.render import render_exl3_plan
-    from glm53.plan.sizes import gpus_from_sizes
-    from glm53.plan.traces import read_routing_stats
-    from glm53.serve.profiles import load_profile
-
     output = Output(json_mode=json_mode)
     if env and json_mode:
         raise BadInput("--env and --json both print to stdout: choose one")
@@ -272,13 +278,6 @@ def simulate(
 
     glm53 plan simulate --traces routing.jsonl --plots plots/
     """
-    from glm53.fsutil import atomic_write_json
-    from glm53.plan.comparison import compare_policies, parse_budgets, trace_cost_model
-    from glm53.plan.env import check_out_dir
-    from glm53.plan.finite import require_finite
-    from glm53.plan.render import render_comparison
-    from glm53.plan.traces import parse_shifts, read_trace
-
     output = Output(json_mode=json_mode)
     fractions = parse_budgets(budgets)
     scenarios = parse_shifts(drift, flag="--drift")
@@ -305,8 +304,6 @@ def simulate(
         atomic_write_json(out, result.model_dump(mode="json"))
         output.info(f"wrote {out}")
     if plots is not None:
-        from glm53.plan.plots import plot_miss_ratio_curves
-
         written = plot_miss_ratio_curves(trace, plots, learn_fraction=learn_fraction, report=result)
         output.info(f"wrote {len(written)} plots to {plots}")
     output.result(result, lambda console: render_comparison(result, console))
@@ -342,18 +339,6 @@ def synth(
 
     glm53 plan trace synth --out routing.jsonl --steps 20000 --locality 0.3
     """
-    from pydantic import ValidationError
-
-    from glm53.plan.render import render_synthetic_trace
-    from glm53.plan.traces import (
-        SyntheticTraceSpec,
-        parse_layers,
-        parse_shifts,
-        synthesize_trace,
-        write_counts,
-        write_trace,
-    )
-
     output = Output(json_mode=json_mode)
     for path, flag in ((out, "--out"), (counts, "--counts")):
         if path is not None and path.is_dir():

@@ -8,7 +8,12 @@ from typing import Annotated
 import typer
 
 from glm53.cli.options import JsonOpt
+from glm53.errors import BadInput
+from glm53.fsutil import atomic_write_json
+from glm53.host.probe import timed_probe
 from glm53.output import Output
+from glm53.plan.finite import require_finite
+from glm53.plan.render import render_probe
 
 
 def probe(
@@ -22,12 +27,6 @@ def probe(
 
     glm53 probe --json > probe.json && glm53 plan --bandwidth probe.json
     """
-    from glm53.errors import BadInput
-    from glm53.fsutil import atomic_write_json
-    from glm53.host.probe import timed_probe
-    from glm53.plan.finite import require_finite
-    from glm53.plan.render import render_probe
-
     output = Output(json_mode=json_mode)
     if out is not None and out.is_dir():
         raise BadInput(f"--out {out} is a directory", hint="give the report file's path, e.g. --out probe.json")

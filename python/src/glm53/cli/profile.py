@@ -14,8 +14,10 @@ from rich.table import Table
 
 from glm53.cli.options import EnvFileOpt, HostOpt, JsonOpt, ListenAllOpt, PortOpt, ProfileOpt, SetOpt
 from glm53.output import Output
+from glm53.recipe.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
-from glm53.serve.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile
+from glm53.serve.render import render_settings
+from glm53.serve.resolve import ServeRequest, resolve_launch
 
 profile_app = typer.Typer(help="List and check serving profiles.", no_args_is_help=True)
 
@@ -62,9 +64,6 @@ def check(
     The NixOS module runs it at build time on the settings it renders: a bad key, value or address fails the
     system build, not the service start.
     """
-    from glm53.serve.render import render_settings
-    from glm53.serve.resolve import ServeRequest, resolve_launch
-
     req = ServeRequest(
         profile=profile,
         env_file=env_file,

@@ -18,6 +18,9 @@ from typing import Any
 import typer
 from typer.testing import CliRunner
 
+from glm53.cli.main import app
+from glm53.fsutil import atomic_write_text
+
 REFERENCE = Path(__file__).resolve().parents[4] / "docs" / "cli.md"
 WIDTH = 100
 HEADER = """# Command reference
@@ -56,9 +59,6 @@ def render_reference(app: typer.Typer) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from glm53.cli.main import app
-    from glm53.fsutil import atomic_write_text
-
     text = render_reference(app)
     if "--check" in argv:
         current = REFERENCE.read_text(encoding="utf-8") if REFERENCE.is_file() else ""

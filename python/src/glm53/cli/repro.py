@@ -4,6 +4,7 @@ resolve the open source pins; record and compare host manifests."""
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,22 @@ import typer
 
 from glm53.cli.options import JsonOpt, ReproLockOpt
 from glm53.errors import BadInput, CheckFailed
+from glm53.host.facts import read_host_facts
 from glm53.output import Output
+from glm53.preflight.doctor import audit_host, limits_from_lock
+from glm53.preflight.render import render_report
+from glm53.recipe.pins import find_repro_lock, load_repro_lock, repro_lock_sha256
+from glm53.repro import audit_build, check_repo
+from glm53.repro.image import compare_image_tarballs, stream_image_twice
+from glm53.repro.manifest import build_manifest, diff_against_lock, diff_manifests, load_manifest, write_manifest
+from glm53.repro.render import (
+    render_build_audit,
+    render_findings,
+    render_image_audit,
+    render_manifest_diff,
+    render_pins,
+)
+from glm53.repro.resolve import describe_fetches, pending_pins, plan_resolution, write_resolution
 
 repro_app = typer.Typer(help="Audit the repository, builds and hosts against repro.lock.json.", no_args_is_help=True)
 
@@ -23,9 +39,6 @@ def register(app: typer.Typer) -> None:
 @repro_app.command("show")
 def show(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
     """Print the pins in force and the lock's sha256."""
-    from glm53.repro import find_repro_lock, load_repro_lock, repro_lock_sha256
-    from glm53.repro.render import render_pins
-
     path = lock_path or find_repro_lock(Path.cwd())
     lock = load_repro_lock(path)
     sha256 = repro_lock_sha256(path)
@@ -41,9 +54,6 @@ def check(
     json_out: JsonOpt = False,
 ) -> None:
     """Check the repository against the lock: flake.lock, Makefile, profiles, README, tracked files."""
-    from glm53.repro import check_repo, load_repro_lock
-    from glm53.repro.render import render_findings
-
     lock = load_repro_lock(lock_path or (root / "repro.lock.json"))
     result = check_repo(root.resolve(), lock, release=release)
     payload = {"ok": result.ok, **result.model_dump(mode="json")}
@@ -62,9 +72,6 @@ def audit_build_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Build an output twice and compare bit for bit; exit 1 when the rebuild differs."""
-    from glm53.repro import audit_build
-    from glm53.repro.render import render_build_audit
-
     extra = [*(["-f", str(file)] if file else []), *(nix_arg or [])]
     if not installable and file is None:
         raise BadInput("nothing to audit", hint="name a flake output (e.g. .#glm53) or pass --file FILE")
@@ -83,11 +90,6 @@ def audit_host_cmd(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) ->
 
     The same checks as `glm53 doctor`, with the validated GPU count, model and system memory from the lock.
     """
-    from glm53.host.doctor import audit_host, limits_from_lock
-    from glm53.host.facts import read_host_facts
-    from glm53.host.render import render_report
-    from glm53.repro import load_repro_lock
-
     limits = limits_from_lock(load_repro_lock(lock_path))
     report = audit_host(read_host_facts(engine_libraries=None), limits)
     payload = {"ok": report.ok, **report.model_dump(mode="json")}
@@ -116,9 +118,6 @@ def resolve_cmd(
     Asks the upstream git server (a network fetch); shows the diff, then asks before writing (or --yes).
     Exit 3 when a server cannot be reached: nothing is written.
     """
-    from glm53.repro import find_repro_lock, load_repro_lock
-    from glm53.repro.resolve import describe_fetches, pending_pins, plan_resolution, write_resolution
-
     path = lock_path or find_repro_lock(Path.cwd())
     if path is None:
         raise BadInput("repro.lock.json not found", hint="pass --lock FILE")
@@ -157,11 +156,6 @@ def audit_image_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Stream the image twice (or take two tarballs): same sha256, same layers; exit 1 naming the first difference."""
-    import tempfile
-
-    from glm53.repro.image import compare_image_tarballs, stream_image_twice
-    from glm53.repro.render import render_image_audit
-
     if tarball:
         if len(tarball) != 2:
             raise BadInput("--tarball takes exactly two files", hint="--tarball A.tar --tarball B.tar")
@@ -194,8 +188,6 @@ def manifest_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Record what this host runs: GPUs, driver, CUDA, kernel, CPU, memory, packages, locks, profile, plan."""
-    from glm53.repro.manifest import build_manifest, write_manifest
-
     manifest = build_manifest(lock_path=lock_path, model_dir=model_dir, profile=profile, verify=not no_verify)
     write_manifest(manifest, output, force=force)
     Output(json_mode=json_out).result(manifest, lambda console: console.print(f"[green]wrote[/green] {output}"))
@@ -211,9 +203,6 @@ def diff_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Explain how two host manifests (or a manifest and the lock) differ; exit 1 when a pinned fact differs."""
-    from glm53.repro.manifest import diff_against_lock, diff_manifests, load_manifest
-    from glm53.repro.render import render_manifest_diff
-
     first = load_manifest(a)
     if (b is None) == (lock is None):
         raise BadInput("compare with one thing", hint="glm53 repro diff A.json B.json, or A.json --lock LOCK")

@@ -9,6 +9,8 @@ import typer
 
 from glm53.cli.options import FleetFileArg, JsonOpt, ListenAllOpt, RouterApiKeyFileOpt, SkipProbeOpt
 from glm53.output import Output
+from glm53.router import start
+from glm53.router.render import render_dry_run
 
 
 def router_cmd(
@@ -36,9 +38,6 @@ def router_cmd(
       glm53 router fleet.toml --dry-run --json
       glm53 router fleet.toml --listen-all --api-key-file /run/credentials/glm53-router.service/api-key
     """
-    from glm53.router import start
-    from glm53.router.render import render_dry_run
-
     req = start.RouterRequest(
         fleet_file=Path(fleet_file),
         listen_all=listen_all,

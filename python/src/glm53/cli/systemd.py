@@ -18,9 +18,12 @@ from glm53.cli.options import (
     ProfileOpt,
     UnitOutOpt,
 )
+from glm53.fsutil import atomic_write_text
 from glm53.output import Output
+from glm53.recipe.profiles import DEFAULT_PROFILE
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
-from glm53.serve.profiles import DEFAULT_PROFILE
+from glm53.serve.resolve import ServeRequest
+from glm53.serve.systemd import load_unit_data, render_unit, unit_settings
 
 
 def systemd_unit_cmd(
@@ -46,10 +49,6 @@ def systemd_unit_cmd(
       glm53 systemd-unit -m /srv/models/glm53 --host 0.0.0.0 --listen-all --api-key-file /etc/glm53/key
       glm53 systemd-unit -m /srv/models/glm53 --env-file /etc/glm53/agent.env --json
     """
-    from glm53.fsutil import atomic_write_text
-    from glm53.serve.resolve import ServeRequest
-    from glm53.serve.systemd import load_unit_data, render_unit, unit_settings
-
     out = Output(json_mode=json_out)
     req = ServeRequest(
         profile=profile,

@@ -41,7 +41,7 @@ def _text(value: Any) -> str:
 def read_gpus(nvml: ModuleType | Any | None = None) -> list[GpuInfo]:
     if nvml is None:
         try:
-            import pynvml as nvml_module
+            import pynvml as nvml_module  # heavy: NVML is loaded only when GPUs are read
         except ImportError as exc:
             raise NoGpu("nvidia-ml-py (pynvml) is not installed") from exc
         nvml = nvml_module

@@ -11,19 +11,43 @@ torch is imported only when a probe runs; without a CUDA device the probe stops 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from glm53.errors import BadInput, Unavailable
-from glm53.plan.cost_model import PROBE_FORMAT, MemoryKind, ProbeReport, ProbeResult
 
+PROBE_FORMAT = "glm53-probe"
 EXPERT_BLOCK_BYTES = 9_474_060  # one routed expert of the 3.05bpw checkpoint
 MAX_BLOCK_BYTES = 4 << 30  # three buffers of this size live at once (pinned, pageable and on the device)
 MAX_REPEATS = 100_000
 
+MemoryKind = Literal["pinned", "pageable", "mapped"]
+
+
+class ProbeResult(BaseModel):
+    kind: MemoryKind
+    block_bytes: int = Field(gt=0)
+    # A rate of 0, a negative one, NaN or Infinity is no measurement (and would be invalid JSON in the plan).
+    bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
+    seconds: float = Field(ge=0, allow_inf_nan=False)
+    repeats: int = Field(gt=0)
+
+
+class ProbeReport(BaseModel):
+    """What `glm53 probe --json` writes; the planner reads it back (`glm53 plan --bandwidth`)."""
+
+    format: str = PROBE_FORMAT
+    version: int = 1
+    device: str
+    torch: str
+    cuda: str | None = None
+    results: list[ProbeResult]
+
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # heavy: torch and CUDA load only for a probe
     except (ImportError, OSError) as exc:  # OSError: torch present but a CUDA library it loads is not
         raise Unavailable("glm53 probe needs torch with CUDA", hint="install torch with CUDA support") from exc
     if not torch.cuda.is_available():
@@ -126,4 +150,13 @@ def timed_probe(block_bytes: int, repeats: int, device: int) -> tuple[ProbeRepor
     return report, time.perf_counter() - started
 
 
-__all__ = ["EXPERT_BLOCK_BYTES", "check_probe_args", "probe_bandwidth", "timed_probe"]
+__all__ = [
+    "EXPERT_BLOCK_BYTES",
+    "PROBE_FORMAT",
+    "MemoryKind",
+    "ProbeReport",
+    "ProbeResult",
+    "check_probe_args",
+    "probe_bandwidth",
+    "timed_probe",
+]

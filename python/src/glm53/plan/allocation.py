@@ -8,11 +8,13 @@ slots per layer): about a second of CPU for 4,000 slots over 42 layers of 288 ex
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING
 
 from glm53.errors import BadInput
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 
 def uniform_split(budget: int, layers: int, max_slots: int) -> list[int]:
@@ -27,6 +29,8 @@ def allocate_slots(curves: Sequence[NDArray[np.integer]], budget: int, *, min_sl
 
     Every layer gets at least `min_slots`; the budget is used up to the most all layers can take.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     layers = len(curves)
     if layers == 0:
         return []

@@ -13,10 +13,8 @@ pin).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
@@ -25,6 +23,10 @@ from glm53.plan.miss_ratio import LayerCurves, best_splits, default_pinned_grid,
 from glm53.plan.parallel import default_workers, layer_map
 from glm53.plan.simulate import pinned_lru_hits
 from glm53.plan.traces import RoutingCounts, RoutingTrace
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 Strategy = Literal["trace", "counts", "uniform-lru"]
 
@@ -108,6 +110,8 @@ def counts_plan(
     min_slots: int,
     source: str,
 ) -> CachePlan:
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     layer_keys = [int(k) for k in counts.layers]
     _check_layers(sorted(layer_keys), counts.experts, moe_layers, experts, f"routing counts {source}")
     matrix = counts.matrix(moe_layers)
@@ -144,6 +148,8 @@ def cross_fitted_hits(routes: NDArray[np.int16], experts: int, grid: NDArray[np.
     ranks high because it happened to be drawn often, and then counts those very draws as hits), so in-sample
     curves overvalue pinning; held-out, they are what a learned ranking is worth on tokens it has not seen.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     half = len(routes) // 2
     if half == 0:
         rank = rank_experts(np.bincount(routes.ravel(), minlength=experts))
@@ -157,6 +163,8 @@ def cross_fitted_hits(routes: NDArray[np.int16], experts: int, grid: NDArray[np.
 
 
 def _learn_layer(task: tuple[NDArray[np.int16], int, NDArray[np.int64], int]) -> LayerCurves:
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     routes, experts, counts, index = task
     grid = default_pinned_grid(experts)
     hits = cross_fitted_hits(routes, experts, grid)
@@ -170,6 +178,8 @@ def _learn_layer(task: tuple[NDArray[np.int16], int, NDArray[np.int64], int]) ->
 def learn_from_trace(learn: RoutingTrace, *, workers: int | None = None) -> tuple[NDArray[np.int64], list[LayerCurves]]:
     """Rankings (hottest first, by the learned part's counts) and hit curves of every layer (cross-fitted:
     `cross_fitted_hits`)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     counts = learn.counts()
     tasks = [(learn.routes[:, index, :], learn.experts, counts[index], index) for index in range(len(learn.layers))]
     if workers is None:
@@ -201,6 +211,8 @@ class Hedge:
 
 def _row(curve: LayerCurves, pinned: int) -> int:
     """The grid row of the pinned count nearest `pinned` (the grid holds every count up to 16)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     return int(np.argmin(np.abs(curve.pinned_counts - pinned)))
 
 
@@ -215,6 +227,8 @@ def drift_case(curve: LayerCurves, pinned: int, window: int) -> float:
 
 
 def _split_at(curve: LayerCurves, slots: int, weight: float) -> tuple[int, int]:
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     assert curve.drift is not None
     grid = curve.pinned_counts
     rows = np.flatnonzero(grid <= slots)
@@ -247,6 +261,8 @@ def hedged_split(
     Unhedged: the learned DP's slots and each layer's best learned split. The knobs are the engine's: slots and
     pinned count per layer (EXL3_LRU_CAPACITY_PLAN) and the rankings file; nothing else changes.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     tolerance = HEDGE_TOLERANCE if tolerance is None else tolerance
     experts = len(curves[0].ranking) if curves else 0
     slots = allocate_slots([curve.best for curve in curves], budget, min_slots=min_slots)

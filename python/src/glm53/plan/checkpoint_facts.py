@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from glm53.checkpoint.safetensors_header import DTYPE_SIZES
+from glm53.checkpoint.safetensors_header import DTYPE_SIZES, read_safetensors_header
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import parse_json, read_json
 
@@ -206,8 +206,6 @@ def _is_replicated(name: str) -> bool:
 
 def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
     """Read DIR/config.json and the headers of DIR/*.safetensors; exact bytes for every routed expert."""
-    from glm53.checkpoint.safetensors_header import read_safetensors_header
-
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     raw = read_json(config_path, what="model config")

@@ -16,9 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
@@ -31,6 +30,12 @@ from glm53.plan.miss_ratio import LayerCurves
 from glm53.plan.parallel import cpu_seconds, default_workers, layer_map
 from glm53.plan.simulate import belady_hits, pinned_lru_hits
 from glm53.plan.traces import RoutingTrace, drift_trace
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    _ScoreTask = tuple[NDArray[np.int16], int, NDArray[np.int64], list[tuple[int, int]], list[int]]
 
 POLICIES = {
     "a": "uniform LRU",
@@ -119,9 +124,6 @@ class ComparisonReport(BaseModel):
 
 def _noop(stage: str, done: int, total: int) -> None:
     return None
-
-
-_ScoreTask = tuple[NDArray[np.int16], int, NDArray[np.int64], list[tuple[int, int]], list[int]]
 
 
 def _score_layer(task: _ScoreTask) -> tuple[list[int], list[int], float, list[float]]:

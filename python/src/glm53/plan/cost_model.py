@@ -14,23 +14,20 @@ or an assumption that says so.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
+from glm53.host.probe import PROBE_FORMAT, MemoryKind, ProbeReport
 from glm53.plan.checkpoint_facts import ModelFacts
 from glm53.plan.kv_budget import KvDerivation
 
-PROBE_FORMAT = "glm53-probe"
 # A PCIe 4.0 x16 link moves about 24-26 GB/s host->device from pinned memory in practice (31.5 GB/s raw).
 ASSUMED_HOST_TO_DEVICE = 24.0e9
 # RTX 3090 memory bandwidth (GDDR6X, 384-bit at 19.5 Gb/s).
 ASSUMED_GPU_MEMORY_BANDWIDTH = 936.2e9
 TP_ALLREDUCE_SECONDS = 2.5e-3  # per decode step with custom all-reduce off (no P2P on GeForce)
-
-MemoryKind = Literal["pinned", "pageable", "mapped"]
 
 
 class Bandwidth(BaseModel):
@@ -38,24 +35,6 @@ class Bandwidth(BaseModel):
 
     bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
     source: str
-
-
-class ProbeResult(BaseModel):
-    kind: MemoryKind
-    block_bytes: int = Field(gt=0)
-    # A rate of 0, a negative one, NaN or Infinity is no measurement (and would be invalid JSON in the plan).
-    bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
-    seconds: float = Field(ge=0, allow_inf_nan=False)
-    repeats: int = Field(gt=0)
-
-
-class ProbeReport(BaseModel):
-    format: str = PROBE_FORMAT
-    version: int = 1
-    device: str
-    torch: str
-    cuda: str | None = None
-    results: list[ProbeResult]
 
 
 def assumed_bandwidth() -> Bandwidth:
@@ -144,11 +123,8 @@ def build_cost_model(
 
 __all__ = [
     "ASSUMED_HOST_TO_DEVICE",
-    "PROBE_FORMAT",
     "Bandwidth",
     "CostModel",
-    "ProbeReport",
-    "ProbeResult",
     "assumed_bandwidth",
     "build_cost_model",
     "read_probe_bandwidth",

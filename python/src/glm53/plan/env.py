@@ -25,7 +25,7 @@ from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.host.topology import format_cpu_list
 from glm53.plan.finite import require_finite
-from glm53.plan.planner import GpuSpec, Plan
+from glm53.plan.planner import GpuSpec, Plan, plan_for_host, shape_from_profile
 
 RANKINGS_FILENAME = "hot-rankings.json"
 # Every key `plan_env` can set, in its order: what a dry run names when this host cannot be planned.
@@ -178,11 +178,9 @@ def plan_serving_env(
 ) -> tuple[dict[str, str], tuple[int, ...]]:
     """For the serving entrypoint: plan the profile on this host; (env to export, CPU affinity of the server).
 
-    `profile` is a glm53.serve.profiles.Profile (read through its `value(KEY)`); GPUs come from NVML unless given;
+    `profile` is a glm53.recipe.profiles.Profile (read through its `value(KEY)`); GPUs come from NVML unless given;
     the rankings file, when routing statistics are given, goes to `out_dir`.
     """
-    from glm53.plan.planner import plan_for_host, shape_from_profile
-
     plan = plan_for_host(shape_from_profile(profile), model_dir=model_dir, stats_path=stats_path, gpus=gpus, root=root)
     rankings = write_rankings(plan, out_dir) if out_dir is not None else None
     return plan_env(plan, rankings), main_cpus(plan)

@@ -40,16 +40,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, Unavailable, invalid_document
-from glm53.plan.checkpoint_facts import ModelFacts
-from glm53.plan.planner import GIB, MIB, GpuSpec, Infeasible
-from glm53.plan.traces import RoutingCounts, RoutingTrace
+from glm53.host import facts as host_facts
+from glm53.host.memory import HostMemory
+from glm53.host.rig import rig_topology
+from glm53.plan.checkpoint_facts import ModelFacts, model_facts
+from glm53.plan.cpu_pools import plan_cpu_sets
+from glm53.plan.planner import GIB, MIB, GpuSpec, Infeasible, gpu_spec, host_budget
+from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
     from glm53.host.rig import Rig
 
 Mode = Literal["gpu", "split", "offload"]
@@ -649,6 +654,8 @@ def dynamic_cpu_selections(
     this replays a generation boundary at least every `interval` steps, the most dynamic placement can do.
     The floor makes a swap impossible when top_k / experts > 1 / floor: an expert's count is at most the
     (decayed) number of steps, the floor is floor x top_k / experts times that."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, layers, _ = routes.shape
     on_cpu = np.zeros((layers, experts), dtype=bool)
     on_cpu[:, experts - k :] = True
@@ -691,6 +698,8 @@ def static_cpu_experts(counts: Sequence[float] | NDArray[np.float64], k: int) ->
 def compare_placements(trace: RoutingTrace, k: int, learn_fraction: float = 0.5) -> PlacementComparison:
     """Static placement learned on the first part of the trace against ExLlamaV3's dynamic placement, both
     scored on the rest: the lower CPU share decodes faster (fewer selections wait on the CPU)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     if not 0 < k < trace.experts:
         raise BadInput(f"split of {k} experts of {trace.experts}: choose 1 to {trace.experts - 1}")
     learn, score = trace.split(learn_fraction)
@@ -788,7 +797,7 @@ __all__ = [
 
 
 def shape_from_exl3_profile(profile: object, **overrides: Any) -> Exl3Shape:
-    """An Exl3Shape from a glm53.serve.profiles.Profile (duck-typed on `value`, as shape_from_profile is)."""
+    """An Exl3Shape from a glm53.recipe.profiles.Profile (duck-typed on `value`, as shape_from_profile is)."""
     value = profile.value  # type: ignore[attr-defined]
 
     def integer(key: str) -> int | None:
@@ -834,14 +843,6 @@ def plan_exl3_for_host(
     """Read the facts (this machine under `root`, or a described rig) and the files named, then plan.
     Routing statistics come read (`stats`) or from `stats_path`; `shape_overrides` go over the profile's values
     (Exl3Shape fields, None = the profile's)."""
-    from glm53.host.facts import read_host_facts
-    from glm53.host.memory import HostMemory
-    from glm53.host.rig import rig_topology
-    from glm53.plan.checkpoint_facts import model_facts
-    from glm53.plan.cpu_pools import plan_cpu_sets
-    from glm53.plan.planner import gpu_spec, host_budget
-    from glm53.plan.traces import read_routing_stats
-
     bandwidth = host_memory_bandwidth
     bandwidth_source = "given (--host-bandwidth)" if bandwidth else ""
     if rig is not None:
@@ -866,7 +867,7 @@ def plan_exl3_for_host(
         if bandwidth is None and rig.memory_bandwidth:
             bandwidth, bandwidth_source = rig.memory_bandwidth, f"rig {rig.name}: {rig.source}"
     else:
-        host = read_host_facts(root, engine_libraries=None)
+        host = host_facts.read_host_facts(root, engine_libraries=None)
         found = gpus or [gpu_spec(gpu, root) for gpu in host.gpus]
         if not found:
             raise Unavailable(

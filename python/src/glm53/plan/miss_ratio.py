@@ -13,9 +13,11 @@ pinned; a 2-D histogram then gives hits(n, w) for all n and w at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-from numpy.typing import NDArray
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 
 def last_use_before_step(routes: NDArray[np.integer], experts: int) -> NDArray[np.int32]:
@@ -23,6 +25,8 @@ def last_use_before_step(routes: NDArray[np.integer], experts: int) -> NDArray[n
 
     Time is step * top_k + position, so ties inside a step break by position.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, top_k = routes.shape
     marks = np.full((steps, experts), -1, dtype=np.int32)
     times = np.arange(steps, dtype=np.int32)[:, None] * top_k + np.arange(top_k, dtype=np.int32)[None, :]
@@ -41,6 +45,8 @@ def stack_distances(
 
     Accesses to pinned experts get distance -1 (they always hit).
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     before = last_use_before_step(routes, experts)
     previous = np.take_along_axis(before, routes.astype(np.int64), axis=1)  # (steps, top_k)
     columns = before if unpinned is None else before[:, unpinned]
@@ -72,12 +78,15 @@ class LayerCurves:
     drift: NDArray[np.int64] | None = None
 
     def lru_only(self) -> NDArray[np.int64]:
+
         row: NDArray[np.int64] = self.hits[0]
         return row
 
 
 def rank_experts(counts: NDArray[np.integer]) -> NDArray[np.int64]:
     """Hottest first; ties by expert id, so rankings are deterministic."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     order: NDArray[np.int64] = np.lexsort((np.arange(len(counts)), -np.asarray(counts))).astype(np.int64)
     return order
 
@@ -87,6 +96,8 @@ def default_pinned_grid(experts: int) -> NDArray[np.int64]:
 
     A finer grid changes the chosen split by a slot or two and the hit rate by a few hundredths of a point.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     grid = {0, experts}
     value = 0
     while value < experts:
@@ -105,6 +116,8 @@ def layer_curves(
 
     `pinned_grid` (sorted, starting at 0) limits the pinned counts considered; None considers all of them.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     grid = np.arange(experts + 1, dtype=np.int64) if pinned_grid is None else np.asarray(pinned_grid, np.int64)
     if grid[0] != 0 or np.any(np.diff(grid) <= 0) or grid[-1] > experts:
         raise ValueError("pinned_grid must rise strictly from 0 to at most the expert count")
@@ -149,6 +162,8 @@ def layer_curves(
 
 def best_splits(grid: NDArray[np.int64], hits: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Per capacity c (0..experts): the most hits over pinned counts n <= c with window c - n, and that n."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     size = hits.shape[1]
     best = np.zeros(size, dtype=np.int64)
     best_pinned = np.zeros(size, dtype=np.int64)

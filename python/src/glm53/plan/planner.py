@@ -27,15 +27,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.errors import BadInput, CheckFailed, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
-from glm53.host.facts import HostFacts
+from glm53.host.facts import HostFacts, read_host_facts
 from glm53.host.gpus import GpuInfo
 from glm53.host.memory import HostMemory
+from glm53.host.topology import pci_device_numa_node
 from glm53.plan.cache_plan import CachePlan, plan_cache
-from glm53.plan.checkpoint_facts import ModelFacts
-from glm53.plan.cost_model import ASSUMED_GPU_MEMORY_BANDWIDTH, Bandwidth, CostModel, build_cost_model
+from glm53.plan.checkpoint_facts import ModelFacts, model_facts
+from glm53.plan.cost_model import (
+    ASSUMED_GPU_MEMORY_BANDWIDTH,
+    Bandwidth,
+    CostModel,
+    build_cost_model,
+    read_probe_bandwidth,
+)
 from glm53.plan.cpu_pools import CpuSets, plan_cpu_sets
 from glm53.plan.kv_budget import KvComparison, KvDerivation, compare_with_reported, derive_kv
-from glm53.plan.traces import RoutingCounts, RoutingTrace
+from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
     from glm53.plan.rig import Target
@@ -387,8 +394,6 @@ def build_plan(
 
 def gpu_spec(gpu: GpuInfo, root: Path | None = None) -> GpuSpec:
     """A GpuSpec from NVML's facts; with `root`, the GPU's NUMA node from sysfs under it."""
-    from glm53.host.topology import pci_device_numa_node
-
     node = pci_device_numa_node(root, gpu.pci_bus_id) if root is not None and gpu.pci_bus_id else None
     return GpuSpec(
         index=gpu.index,
@@ -401,7 +406,7 @@ def gpu_spec(gpu: GpuInfo, root: Path | None = None) -> GpuSpec:
 
 
 def shape_from_profile(profile: object) -> ServingShape:
-    """A ServingShape from a glm53.serve.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
+    """A ServingShape from a glm53.recipe.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
 
     Duck-typed on `value` so that the planner does not depend on the profile module.
     """
@@ -455,11 +460,6 @@ def plan_for_host(
 ) -> Plan:
     """Read every fact from this machine (under `root`) and the files named, then plan; `target` (a rig,
     --ram, --cpus) replaces the parts of this machine it describes, `gpus` its GPUs."""
-    from glm53.host.facts import read_host_facts
-    from glm53.plan.checkpoint_facts import model_facts
-    from glm53.plan.cost_model import read_probe_bandwidth
-    from glm53.plan.traces import read_routing_stats
-
     if model_dir is not None and (missing := missing_directory(model_dir)) is not None:
         raise BadInput(
             f"--model-dir {model_dir} {missing}",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from glm53.errors import Unavailable
 from glm53.plan.cache_plan import learn_from_trace
 from glm53.plan.comparison import ComparisonReport
@@ -20,11 +18,13 @@ def plot_miss_ratio_curves(
     report: ComparisonReport | None = None,
 ) -> list[Path]:
     """Two PNGs: each layer's miss ratio vs slots (LRU only, best pinned+LRU split) and the budget chart."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     try:
-        import matplotlib
+        import matplotlib  # optional: the plots extra
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: the plots extra, once its backend is chosen
     except ImportError as exc:
         raise Unavailable("plots need matplotlib", hint="pip install 'glm53[plots]'") from exc
     directory.mkdir(parents=True, exist_ok=True)

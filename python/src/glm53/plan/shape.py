@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from glm53.errors import BadInput
 from glm53.plan.planner import ServingShape, shape_from_profile
 from glm53.plan.sizes import parse_size
+from glm53.recipe.profiles import load_profile
 
 # The flag that sets each field, to name it when a value is out of range.
 FLAGS = {
@@ -36,12 +37,7 @@ def serving_shape(
 ) -> ServingShape:
     """Values left None keep the profile's (or the recipe's). `kv_cache_memory` is a size, or 'derive' to size
     the KV cache for the context; `gpu_workspace` a size over the estimate."""
-    if profile is not None:
-        from glm53.serve.profiles import load_profile
-
-        base = shape_from_profile(load_profile(profile))
-    else:
-        base = ServingShape()
+    base = shape_from_profile(load_profile(profile)) if profile is not None else ServingShape()
     given: dict[str, object] = {
         "tensor_parallel_size": tensor_parallel_size,
         "max_model_len": max_model_len,

@@ -12,11 +12,13 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING
 
 from glm53.plan.miss_ratio import last_use_before_step
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ def pinned_lru_hits(
     An unpinned access hits when fewer than `window` unpinned experts were used since its previous use: the
     experts used since then, minus those among the pinned ranks.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, top_k = routes.shape
     rank_of = np.empty(experts, dtype=np.int64)
     rank_of[ranking] = np.arange(experts)
@@ -80,6 +84,8 @@ def belady_hits(routes: NDArray[np.integer], capacity: int, experts: int | None 
     is always the best one to give up). A tight loop over a heap of plain integers: next-use times are unique
     per access, so a time also names its expert.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, top_k = routes.shape
     experts = int(routes.max()) + 1 if experts is None else experts
     flat = routes.ravel().astype(np.int64)
@@ -122,6 +128,8 @@ def belady_hits(routes: NDArray[np.integer], capacity: int, experts: int | None 
 def _next_use_times(routes: NDArray[np.integer], experts: int) -> NDArray[np.int64]:
     """For each access, the time (step * top_k + position) of the same expert's next use; an expert not used
     again gets steps * top_k + its id, so that times stay unique and still name their expert."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, top_k = routes.shape
     flat = routes.ravel().astype(np.int64)
     time = np.arange(flat.size, dtype=np.int64)

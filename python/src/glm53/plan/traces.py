@@ -26,15 +26,17 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import MAX_INPUT_BYTES, atomic_write_bytes, atomic_write_json, parse_json, read_bytes_bounded
 from glm53.host.topology import parse_cpu_list
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 TRACE_FORMAT = "glm53-routing-trace"
 COUNTS_FORMAT = "glm53-routing-counts"
@@ -98,6 +100,8 @@ class RoutingTrace:
 
     def counts(self) -> NDArray[np.int64]:
         """Accesses per (layer index, expert)."""
+        import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
         out = np.zeros((len(self.layers), self.experts), dtype=np.int64)
         for index in range(len(self.layers)):
             out[index] = np.bincount(self.routes[:, index, :].ravel(), minlength=self.experts)
@@ -133,6 +137,8 @@ class RoutingCounts(BaseModel):
         return value
 
     def matrix(self, layers: Sequence[int]) -> NDArray[np.int64]:
+        import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
         out = np.zeros((len(layers), self.experts), dtype=np.int64)
         for i, layer in enumerate(layers):
             if str(layer) in self.layers:
@@ -155,6 +161,8 @@ NPZ_MAGIC = b"PK\x03\x04"
 
 def _parse_npz(path: Path, data: bytes) -> RoutingTrace:
     """The binary form: same header, same checks as the JSONL one, over whole arrays."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive_zip:  # a compressed member may expand: bound it first
             expanded = sum(info.file_size for info in archive_zip.infolist())
@@ -231,6 +239,8 @@ def _first_non_id(experts: list[Any]) -> tuple[bool, Any]:
 
 def _step_row(path: Path, number: int, raw: bytes, header: TraceHeader) -> NDArray[np.int16]:
     """One step line as a (layers, top_k) array of valid expert ids; every problem names this line."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     record = parse_json(raw, what=f"routing trace {path}, line {number}", hint=_TRACE_HINT)
     experts = record.get("experts") if isinstance(record, dict) else None
     if not isinstance(experts, list):
@@ -264,6 +274,8 @@ def _step_row(path: Path, number: int, raw: bytes, header: TraceHeader) -> NDArr
 
 
 def _parse_trace(path: Path, data: bytes) -> RoutingTrace:
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     lines = io.BytesIO(data)
     header = _parse_header(path, lines.readline())
     rows: list[NDArray[np.int16]] = []
@@ -277,6 +289,8 @@ def _parse_trace(path: Path, data: bytes) -> RoutingTrace:
 
 def write_trace(path: Path, trace: RoutingTrace) -> None:
     """JSONL, or the binary form when the path ends in .npz."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     header = {
         "format": TRACE_FORMAT,
         "version": FORMAT_VERSION,
@@ -394,6 +408,8 @@ def shift_permutations(
 ) -> list[NDArray[np.int64]]:
     """Per shift, a (layers, experts) relabelling: expert e's popularity passes to perm[layer, e]. A random
     `strength` share of each layer's experts is permuted among itself, the rest keep theirs."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     rng = np.random.default_rng([seed, 0x5317])
     out = []
     for _, strength in shifts:
@@ -410,6 +426,8 @@ def drift_trace(trace: RoutingTrace, shifts: Sequence[tuple[float, float]], seed
     """The same trace with its popularity shifted: from each shift's step on, expert ids are relabelled by that
     shift's permutation (composed with the earlier ones). Locality and each layer's skew are kept; which experts
     are hot changes."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     routes = trace.routes.astype(np.int64)
     ordered = sorted(shifts)
     for (at, _), perm in zip(ordered, shift_permutations(trace.experts, len(trace.layers), ordered, seed), strict=True):
@@ -420,6 +438,8 @@ def drift_trace(trace: RoutingTrace, shifts: Sequence[tuple[float, float]], seed
 
 
 def synthesize_trace(spec: SyntheticTraceSpec) -> RoutingTrace:
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     if spec.top_k > spec.experts:
         raise BadInput(f"top_k {spec.top_k} exceeds the {spec.experts} experts")
     if spec.skew_max < spec.skew_min:
@@ -453,6 +473,8 @@ def synthesize_trace(spec: SyntheticTraceSpec) -> RoutingTrace:
 
 def _make_distinct(rows: NDArray[np.int64], fresh: NDArray[np.int64]) -> NDArray[np.int64]:
     """Replace repeated ids within a step by that step's own fresh draws (distinct by construction)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     rows = rows.copy()
     k = rows.shape[1]
     for _ in range(k):

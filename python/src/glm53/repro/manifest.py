@@ -23,8 +23,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from glm53.checkpoint.lock import default_lock_path, load_lock
+from glm53.checkpoint.verify import verify_checkpoint
 from glm53.errors import BadInput, Glm53Error, invalid_document
 from glm53.fsutil import atomic_write_json, read_json
+from glm53.host.facts import read_host_facts
+from glm53.host.gpus import read_gpus
+from glm53.recipe.pins import find_repro_lock, load_repro_lock, repro_lock_sha256
+from glm53.serve.resolve import ServeRequest, resolve_launch
 
 MANIFEST_SCHEMA: Literal["glm53.repro-manifest/1"] = "glm53.repro-manifest/1"
 # Distributions whose versions decide the numbers (engine, kernels, tensor library, NVML binding, this tool).
@@ -179,9 +185,6 @@ def cuda_runtime() -> tuple[str | None, str | None]:
 
 
 def _host_section(gpu_reader: Callable[[], Any] | None, root: Path) -> HostSection:
-    from glm53.host.facts import read_host_facts
-    from glm53.host.gpus import read_gpus
-
     facts = read_host_facts(root, gpu_reader=gpu_reader or read_gpus, engine_libraries=None)
     topology = facts.topology
     runtime, runtime_source = cuda_runtime()
@@ -211,10 +214,6 @@ def _host_section(gpu_reader: Callable[[], Any] | None, root: Path) -> HostSecti
 
 
 def _checkpoint_section(model_dir: Path, *, verify: bool) -> CheckpointSection:
-    from glm53.checkpoint.lock import default_lock_path, load_lock
-    from glm53.checkpoint.verify import verify_checkpoint
-    from glm53.repro import repro_lock_sha256
-
     lock_path = default_lock_path(model_dir)
     section = CheckpointSection(model_dir=str(model_dir), lock_path=str(lock_path))
     try:
@@ -230,8 +229,6 @@ def _checkpoint_section(model_dir: Path, *, verify: bool) -> CheckpointSection:
 
 
 def _profile_section(profile: str, model_dir: Path | None, environ: Mapping[str, str] | None) -> ProfileSection:
-    from glm53.serve.resolve import ServeRequest, resolve_launch
-
     request = ServeRequest(profile=profile, model_dir=model_dir)
     error = None
     try:
@@ -266,8 +263,6 @@ def build_manifest(
     root: Path = Path("/"),
 ) -> Manifest:
     """This host's manifest. A fact that cannot be read is None (with its error), never an exception."""
-    from glm53.repro import find_repro_lock, repro_lock_sha256
-
     try:
         found = lock_path or find_repro_lock(Path.cwd())
         lock = LockSection(path=str(found) if found else None, sha256=repro_lock_sha256(found) if found else None)
@@ -425,8 +420,6 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def diff_against_lock(m: Manifest, lock_path: Path, *, m_name: str = "manifest") -> ManifestDiff:
     """What of the lock's pins this manifest's host does not meet (the lock is column B)."""
-    from glm53.repro import load_repro_lock, repro_lock_sha256
-
     lock = load_repro_lock(lock_path)
     hw = lock.hardware
     out: list[Difference] = []

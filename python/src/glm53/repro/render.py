@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from glm53.repro import BuildAudit, Finding, ReproLock
+from glm53.recipe.pins import ReproLock
+from glm53.repro import BuildAudit, Finding
 from glm53.repro.image import ImageAudit
 from glm53.repro.manifest import ManifestDiff
 

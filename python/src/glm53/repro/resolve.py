@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text, read_text_bounded
-from glm53.repro import ReproLock, SourcePin, load_repro_lock
+from glm53.recipe.pins import ReproLock, SourcePin, load_repro_lock
 from glm53.repro.nar import nar_hash_tar
 
 SOURCE_PINS = ("vllm", "glm53_overlay")

@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from glm53.errors import BadInput
+from glm53.recipe.performance import recipe_performance
 
 Policy = Literal["sticky", "jsq"]
 POLICIES: tuple[Policy, ...] = ("sticky", "jsq")
@@ -89,8 +90,6 @@ class Plan(BaseModel):
 
 
 def recipe_points(profile: str) -> list[RatePoint]:
-    from glm53.bench.compare import recipe_performance
-
     perf = recipe_performance()
     if profile not in perf.profiles:
         raise BadInput(f"--profile {profile!r} is not a recipe profile", hint=f"use one of: {', '.join(PROFILES)}")

@@ -16,7 +16,7 @@ from glm53.router.launch import API_KEY_ENV
 def main(argv: list[str] | None = None) -> None:
     key = os.environ.pop(API_KEY_ENV, None)
     try:
-        from vllm_router.launch_router import launch_router, parse_router_args
+        from vllm_router.launch_router import launch_router, parse_router_args  # optional: the router's package
     except ImportError as exc:  # pragma: no cover - depends on the installation
         sys.stderr.write(f"vllm-router is not installed in {sys.executable}: {exc}\n")
         sys.exit(3)

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
+import httpx
 from pydantic import BaseModel
 
 from glm53.errors import BadInput, Unavailable
@@ -23,6 +24,7 @@ from glm53.output import Output
 from glm53.router.flags import RouterFlagCheck, check_router_flags
 from glm53.router.fleet import Fleet, load_fleet
 from glm53.router.launch import RouterLaunch, build_router_launch, router_command, router_environment
+from glm53.serve.exec import api_key_file_warning, read_api_key
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -52,8 +54,6 @@ class Resolved(BaseModel):
 
 
 def resolve(req: RouterRequest) -> Resolved:
-    from glm53.serve.exec import api_key_file_warning, read_api_key
-
     fleet = load_fleet(req.fleet_file)
     if req.api_key_file is not None:
         fleet = fleet.model_copy(update={"api_key_file": req.api_key_file})
@@ -89,8 +89,6 @@ def dry_run(req: RouterRequest, out: Output) -> RouterDryRun:
 
 def _probe_one(url: str, endpoint: str, api_key: str | None) -> str | None:
     """None if the backend answers as a glm53 server should; else what is wrong."""
-    import httpx
-
     try:
         with httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False) as client:
             health = client.get(url + endpoint)

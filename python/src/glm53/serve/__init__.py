@@ -1,1 +1,1 @@
-"""Serving: profiles, launch resolution (profile + plan + env -> argv, environment, affinity), exec, demo."""
+"""Serving: launch resolution (profile + plan + env -> argv, environment, affinity), preflight, exec, demo."""

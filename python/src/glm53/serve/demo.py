@@ -20,9 +20,16 @@ from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict
 
+from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
+from glm53.checkpoint.verify import verify_checkpoint
 from glm53.errors import BadInput, CheckFailed, Unavailable
+from glm53.host.native_libs import require_engine_libraries
 from glm53.output import Output
+from glm53.preflight.doctor import port_error
 from glm53.serve.chat_template import bounded_template_text
+from glm53.serve.launch import check_host
+from glm53.serve.resolve import ServeRequest
+from glm53.serve.start import start
 
 TINY_MODEL_NAME = "glm53-tiny"
 TINY_VOCAB_SIZE = 1024
@@ -120,7 +127,7 @@ def looks_like_tiny_model(model_dir: Path) -> bool:
 
 
 def _train_tokenizer(out_dir: Path) -> dict[str, int]:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # optional: demo extra
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -155,6 +162,7 @@ def build_tiny_checkpoint(out_dir: Path, *, seed: int = 0, force: bool = False) 
                 hint="point --model-dir at an empty or new directory",
             )
     try:
+        # optional and heavy: the demo extra (torch, transformers) builds the tiny model
         import torch
         from transformers import AutoModelForCausalLM, Glm4MoeConfig
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -254,9 +262,6 @@ def prepare_demo_model(model_dir: Path | None = None, *, rebuild: bool = False) 
 
     A directory that exists but fails verification is an error (it was changed after locking): rebuild it.
     """
-    from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
-    from glm53.checkpoint.verify import verify_checkpoint
-
     target = Path(model_dir) if model_dir is not None else default_demo_dir()
     if target.exists() and not target.is_dir():
         raise BadInput(f"--model-dir: {target} is not a directory", hint="point it at a new or empty directory")
@@ -304,10 +309,6 @@ def sample_request(base_url: str, model_name: str) -> str:
 
 def demo_start_checks(host: str, port: int) -> None:
     """Before the model is built: the address, the engine's libraries and the port, in seconds."""
-    from glm53.host.doctor import port_error
-    from glm53.host.native_libs import require_engine_libraries
-    from glm53.serve.launch import check_host
-
     check_host(host, listen_all=False)
     require_engine_libraries()
     problem = port_error(host, port)
@@ -320,9 +321,6 @@ def demo_start_checks(host: str, port: int) -> None:
 
 def serve_demo(demo: DemoModel, host: str, port: int, out: Output) -> NoReturn:
     """Serve the tiny model through the one launch path, `--profile cpu-tiny`."""
-    from glm53.serve.resolve import ServeRequest
-    from glm53.serve.start import start
-
     base_url = f"http://{host}:{port}"
     out.info(
         f"starting vLLM (CPU) on {base_url}; it answers GET {base_url}/health in about 45 s on 2 cores. "

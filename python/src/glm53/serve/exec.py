@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import stat
 import sys
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from glm53.errors import BadInput, Unavailable
-from glm53.fsutil import read_text_bounded
+from glm53.fsutil import atomic_write_bytes, read_text_bounded
 from glm53.serve.launch import LaunchSpec, environment_for_exec
+from glm53.serve.tabby import API_TOKENS_NAME, clean_environment
 
 API_KEY_MAX_BYTES = 64 * 1024
 
@@ -69,11 +71,6 @@ def prepare_run_dir(spec: LaunchSpec, api_key: str | None) -> None:
     """The engine's private working directory (TabbyAPI): created 0700 if absent, refused if it is a link or
     another user's; its files written atomically 0600, the API key file too (and removed when there is none,
     so that a key from an earlier start cannot linger)."""
-    import secrets
-
-    from glm53.fsutil import atomic_write_bytes
-    from glm53.serve.tabby import API_TOKENS_NAME
-
     assert spec.cwd is not None
     directory = Path(spec.cwd)
     try:
@@ -113,8 +110,6 @@ def exec_launch(
     """Replace this process with the engine. Only returns by raising (the command cannot be found)."""
     base = os.environ if inherited is None else inherited
     if spec.engine == "exllamav3":
-        from glm53.serve.tabby import clean_environment
-
         env = environment_for_exec(spec, clean_environment(base), None)
         program = spec.argv[0]
         # os.execve does not search PATH: a bare GLM53_TABBYAPI_PYTHON (python3) is looked up here.

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text
+from glm53.serve.vllm_cpu import install_version_shim
 
 
 class FlagCheck(BaseModel):
@@ -114,10 +115,9 @@ def check_flags(argv: Sequence[str], *, use_cache: bool = True) -> FlagCheck:
     if use_cache and cache.is_file():
         return FlagCheck(checked=True, vllm_version=version, cached=True)
 
-    from glm53.serve.launcher import install_version_shim
-
     install_version_shim()
     try:
+        # heavy and optional: vLLM itself, imported only to check flags with its own parser
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError as exc:

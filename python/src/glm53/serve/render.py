@@ -8,6 +8,7 @@ import shlex
 from rich.console import Console
 from rich.table import Table
 
+from glm53.host.topology import format_cpu_list
 from glm53.serve.resolve import Launch
 from glm53.serve.start import DryRun
 
@@ -20,8 +21,6 @@ def render_dry_run(console: Console, result: DryRun) -> None:
     if spec.api_key and spec.engine == "vllm":
         console.print("VLLM_API_KEY=<from --api-key-file, not shown>", highlight=False)
     if spec.cpu_affinity:
-        from glm53.host.topology import format_cpu_list
-
         console.print(f"[bold]# CPU affinity[/bold] {format_cpu_list(spec.cpu_affinity)}", highlight=False)
     for name, text in spec.files.items():
         console.print(f"[bold]# {spec.cwd}/{name}[/bold] (written 0600 before the start)", highlight=False)

@@ -14,6 +14,7 @@ would plan: a dry run shows it, a real start stops (Unavailable, exit 3).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -22,8 +23,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
+from glm53.host.native_libs import find_system_library, read_loader_view
+from glm53.host.rig import load_rig
+from glm53.host.topology import parse_cpu_list
+from glm53.plan.env import PLANNED_KEYS, PLANNED_KEYS_EXL3, plan_serving_env
+from glm53.plan.exl3 import Exl3Plan, plan_exl3_for_host
+from glm53.preflight.doctor import requirements_for
+from glm53.recipe.profiles import (
+    DEFAULT_PROFILE,
+    KEYS,
+    Profile,
+    load_profile,
+    parse_env_text,
+    parse_set_options,
+    read_env_file,
+)
+from glm53.serve.exec import api_key_file_warning, read_api_key
+from glm53.serve.flags import vllm_command
 from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput, build_launch, is_loopback
-from glm53.serve.profiles import DEFAULT_PROFILE, KEYS, Profile, load_profile, parse_set_options, read_env_file
+from glm53.serve.tabby import build_tabby_launch
 
 # Where a dry run without --model-dir shows the checkpoint (the image mounts it there).
 PLACEHOLDER_MODEL_DIR = "/model"
@@ -79,9 +97,6 @@ class Launch(BaseModel):
 def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
     """The planner's KEY=VALUE file: profile keys (layered over the profile), the rest (exported as they are),
     and HYBRID_MAIN_CPUS as the serving CPUs."""
-    from glm53.host.topology import parse_cpu_list
-    from glm53.serve.profiles import parse_env_text
-
     _, text = read_env_file(path, flag="--plan-env")
     lines, _ = parse_env_text(text, source=str(path))
     values = [(line.key, line.value, f"plan {path}:{line.lineno}") for line in lines]
@@ -100,9 +115,6 @@ def plan_on_this_host(
     """Plan the expert pools for this host (or the rig named) and profile; the values layer over the profile
     exactly as a `glm53 plan --env` file would. GPUs come from NVML; Unavailable when there is none."""
     if profile.engine == "exllamav3":
-        from glm53.host.rig import load_rig
-        from glm53.plan.exl3 import plan_exl3_for_host
-
         exl3 = plan_exl3_for_host(
             profile, model_dir=model_dir, root=root, rig=load_rig(rig) if rig is not None else None
         )
@@ -115,7 +127,6 @@ def plan_on_this_host(
             f"--rig plans exllamav3 profiles; {profile.name} runs on vllm",
             hint="plan a vLLM profile for another machine with `glm53 plan --gpu-memory ...`",
         )
-    from glm53.plan.env import plan_serving_env
 
     env, affinity = plan_serving_env(profile, model_dir=model_dir, root=root)
     values = [(key, value, PLAN_THIS_HOST) for key, value in env.items() if key in KEYS]
@@ -125,8 +136,6 @@ def plan_on_this_host(
 
 def exl3_summary(plan: object) -> str:
     """One line of an Exl3Plan: where the layers and experts go, and the predicted decode rate."""
-    from glm53.plan.exl3 import Exl3Plan
-
     assert isinstance(plan, Exl3Plan)
     gib = 1 << 30
     gpus = "; ".join(
@@ -166,10 +175,6 @@ def resolve_launch(
     plan_here: plan a GPU profile without --plan-env on this host (serve, its dry run); False for a
     build-time check, whose host is not this machine. need_model: the checkpoint directory must exist.
     """
-    from glm53.host.doctor import requirements_for
-    from glm53.serve.exec import read_api_key
-    from glm53.serve.flags import vllm_command
-
     env_file = read_env_file(req.env_file) if req.env_file is not None else None
     overrides = parse_set_options(req.set_values)
     environ = os.environ if environ is None else environ
@@ -204,10 +209,6 @@ def resolve_launch(
         profile = layered(plan_values)
     api_key = read_api_key(req.api_key_file) if req.api_key_file is not None else None
     if profile.engine == "exllamav3":
-        import sys
-
-        from glm53.serve.tabby import build_tabby_launch
-
         spec = build_tabby_launch(
             profile,
             model_dir=model_dir,
@@ -242,8 +243,6 @@ def resolve_launch(
 
 
 def _warnings(req: ServeRequest, api_key: str | None) -> list[str]:
-    from glm53.serve.exec import api_key_file_warning
-
     warnings = []
     if req.api_key_file is not None and (group_readable := api_key_file_warning(req.api_key_file)):
         warnings.append(group_readable)
@@ -258,8 +257,6 @@ def _warnings(req: ServeRequest, api_key: str | None) -> list[str]:
 def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """Triton finds libcuda through /sbin/ldconfig, which images and Nix hosts lack: point it at the driver's
     library where this host's loader finds it, unless TRITON_LIBCUDA_PATH is set already."""
-    from glm53.host.native_libs import find_system_library, read_loader_view
-
     if environ.get("TRITON_LIBCUDA_PATH"):
         return {}
     found = find_system_library("libcuda.so.1", read_loader_view(environ))
@@ -271,8 +268,6 @@ def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
 def _plan_here(
     req: ServeRequest, profile: Profile, plan_here: bool
 ) -> tuple[PlanStatus, list[tuple[str, str, str]], PlanInput | None]:
-    from glm53.plan.env import PLANNED_KEYS, PLANNED_KEYS_EXL3
-
     planned = PLANNED_KEYS_EXL3 if profile.engine == "exllamav3" else PLANNED_KEYS
     if not plan_here:
         status = PlanStatus(source="not planned", detail="planned on the serving host at start", keys=list(planned))

@@ -16,10 +16,14 @@ from pydantic import BaseModel
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
+from glm53.host.native_libs import require_engine_libraries
 from glm53.output import Output
-from glm53.serve.flags import FlagCheck
+from glm53.preflight.doctor import load_limits, read_facts, requirements_for, run_checks
+from glm53.serve import exec as serve_exec
+from glm53.serve.flags import FlagCheck, check_flags
 from glm53.serve.launch import LaunchSpec
 from glm53.serve.resolve import PLACEHOLDER_MODEL_DIR, Launch, PlanStatus, ServeRequest, resolve_launch
+from glm53.serve.tabby_check import require_tabby_config, tabby_config_check
 
 # Doctor checks whose failure is a wrong flag or file of the request (exit 2); any other failure is the
 # host's (exit 3).
@@ -51,14 +55,10 @@ def describe(launch: Launch, flag_check: FlagCheck) -> DryRun:
 
 
 def dry_run(req: ServeRequest, out: Output) -> DryRun:
-    from glm53.serve.flags import check_flags
-
     launch = resolve_launch(req, need_model=False)
     for warning in [*model_dir_warnings(req), *launch.warnings]:
         out.warn(warning)
     if launch.spec.engine == "exllamav3":
-        from glm53.serve.tabby_check import tabby_config_check
-
         flags = (
             tabby_config_check(launch.spec)
             if not req.skip_flag_check
@@ -89,8 +89,6 @@ def model_dir_warnings(req: ServeRequest) -> list[str]:
 def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:
     """Doctor's checks for this profile; on failure nothing starts (exit 2 for the request's own port or
     checkpoint, exit 3 for the host)."""
-    from glm53.host.doctor import load_limits, read_facts, requirements_for, run_checks
-
     spec = launch.spec
     report = run_checks(
         read_facts(req.root, host=spec.host, port=spec.port, model_dir=req.model_dir, engine=spec.engine),
@@ -113,10 +111,6 @@ def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:
 
 
 def start(req: ServeRequest, out: Output) -> NoReturn:
-    from glm53.host.native_libs import require_engine_libraries
-    from glm53.serve.exec import exec_launch
-    from glm53.serve.flags import check_flags
-
     if req.rig is not None:
         raise BadInput(
             f"--rig {req.rig} plans another machine; a start serves this one",
@@ -138,8 +132,6 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
     if launch.plan.source == "this host":
         out.info(f"planned the expert pools for this host: {len(launch.plan.keys)} values")
     if launch.spec.engine == "exllamav3":
-        from glm53.serve.tabby_check import require_tabby_config
-
         out.info(require_tabby_config(launch.spec))
     elif not req.skip_flag_check:
         check = check_flags(launch.spec.argv)
@@ -150,7 +142,7 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
             out.warn(f"flags not checked: {check.reason}")
     spec = launch.spec
     out.info(f"serving {spec.profile} on {spec.base_url} (OpenAI API under {spec.base_url}/v1)")
-    exec_launch(spec, api_key=launch.api_key)
+    serve_exec.exec_launch(spec, api_key=launch.api_key)
 
 
 __all__ = ["INPUT_CHECKS", "DryRun", "describe", "dry_run", "preflight", "start"]

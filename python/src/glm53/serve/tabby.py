@@ -25,9 +25,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
+from glm53.recipe.profiles import BUILTIN_CHAT_TEMPLATE, CONFIG_SPECS, KEYS, Profile, parse_number_list
 from glm53.serve.chat_template import bounded_template_path
 from glm53.serve.launch import SECRET_ENV, LaunchSpec, PlanInput, check_host, exported_environment
-from glm53.serve.profiles import BUILTIN_CHAT_TEMPLATE, CONFIG_SPECS, KEYS, Profile, parse_number_list
 
 TABBY_DIR_ENV = "GLM53_TABBYAPI_DIR"
 TABBY_PYTHON_ENV = "GLM53_TABBYAPI_PYTHON"

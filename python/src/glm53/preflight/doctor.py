@@ -15,21 +15,22 @@ from __future__ import annotations
 import errno
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from glm53.checkpoint.index_repair import check_index
+from glm53.checkpoint.verify import verify_checkpoint
+from glm53.errors import Glm53Error
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
-from glm53.host.exl3_engine import Exl3EngineFacts, check_exl3_engine, read_exl3_engine
+from glm53.host.exl3_engine import EXTENSION_MODULE, TABBY_DIR_ENV, Exl3EngineFacts, read_exl3_engine
 from glm53.host.facts import HostFacts, read_host_facts
 from glm53.host.gpus import GpuInfo, read_gpus
 from glm53.host.native_libs import MissingLibrary, describe_missing, missing_engine_libraries
-from glm53.serve.profiles import Profile
-
-if TYPE_CHECKING:
-    from glm53.repro import ReproLock
+from glm53.recipe.pins import ReproLock, load_repro_lock
+from glm53.recipe.profiles import Profile
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
@@ -47,6 +48,8 @@ TINY_RAM_BYTES = 4 * GIB
 ENGINE_LIBRARIES_CHECK = "engine libraries"
 # Every compute capability ExLlamaV3 supports (8.0 and newer): same major, any minor (HostLimits.runs_on).
 EXL3_CAPABILITIES = [(8, 0), (9, 0), (10, 0), (11, 0), (12, 0)]
+# ExLlamaV3's kernels need Ampere or newer (TabbyAPI: common/hardware.py, hardware_supports_exllamav3).
+EXL3_MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
 class Check(BaseModel):
@@ -128,8 +131,6 @@ def limits_from_lock(lock: ReproLock) -> HostLimits:
 
 
 def load_limits() -> HostLimits:
-    from glm53.repro import load_repro_lock
-
     return limits_from_lock(load_repro_lock())
 
 
@@ -173,10 +174,6 @@ def port_error(host: str, port: int) -> str | None:
 
 def read_model(model_dir: Path) -> tuple[bool, str, bool | None, str | None]:
     """Verify the checkpoint against its lock (stat cache makes repeats cheap) and check its index."""
-    from glm53.checkpoint.index_repair import check_index
-    from glm53.checkpoint.verify import verify_checkpoint
-    from glm53.errors import Glm53Error
-
     try:
         report = verify_checkpoint(model_dir)
         verified, detail = report.ok, report.summary
@@ -539,11 +536,6 @@ def check_model(f: TargetFacts) -> list[Check]:
     return checks
 
 
-ENGINE_LIBRARIES_CHECK = "engine libraries"
-# Every compute capability ExLlamaV3 supports (8.0 and newer): same major, any minor (HostLimits.runs_on).
-EXL3_CAPABILITIES = [(8, 0), (9, 0), (10, 0), (11, 0), (12, 0)]
-
-
 def check_engine_libraries(f: HostFacts) -> Check:
     if f.engine_libraries_missing is None:
         return Check(name=ENGINE_LIBRARIES_CHECK, status="skip", detail="not checked")
@@ -555,6 +547,74 @@ def check_engine_libraries(f: HostFacts) -> Check:
     return Check(name=ENGINE_LIBRARIES_CHECK, status="fail", detail=detail, fix=fix)
 
 
+def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_version: str) -> list[Check]:
+    """TabbyAPI's source tree, ExLlamaV3 at the pinned version with its extension prebuilt, and GPUs of
+    compute capability 8.0 or newer."""
+    checks: list[Check] = []
+    if facts.tabby_main:
+        checks.append(Check(name="tabbyapi", status="ok", detail=f"{facts.tabby_dir} (${TABBY_DIR_ENV})"))
+    else:
+        where = f"{facts.tabby_dir} has no main.py and common/config_models.py" if facts.tabby_dir else "not set"
+        checks.append(
+            Check(
+                name="tabbyapi",
+                status="fail",
+                detail=f"${TABBY_DIR_ENV}: {where}",
+                fix=f"set {TABBY_DIR_ENV} to TabbyAPI's source tree at the pinned commit (nix build .#tabbyapi, "
+                "or git checkout of engine.tabbyapi.rev in repro.lock.json)",
+            )
+        )
+    version = facts.exllamav3_version
+    if version is None:
+        checks.append(
+            Check(
+                name="exllamav3",
+                status="fail",
+                detail="not installed",
+                fix=f"install ExLlamaV3 {pinned_version} (repro.lock.json engine.exllamav3), extension prebuilt",
+            )
+        )
+    elif version.split("+")[0] != pinned_version:
+        checks.append(
+            Check(
+                name="exllamav3",
+                status="fail",
+                detail=f"{version}, pinned {pinned_version}",
+                fix=f"install ExLlamaV3 {pinned_version}: the planner and the CPU offload are validated on it",
+            )
+        )
+    else:
+        checks.append(Check(name="exllamav3", status="ok", detail=version))
+    if facts.extension:
+        checks.append(Check(name="exllamav3 extension", status="ok", detail=f"prebuilt: {facts.extension}"))
+    else:
+        checks.append(
+            Check(
+                name="exllamav3 extension",
+                status="fail",
+                detail=f"no prebuilt {EXTENSION_MODULE}: ExLlamaV3 would compile its CUDA sources at start",
+                fix="build it once with pkgs/exllamav3/build_ext.py for this GPU's architecture (Nix does)",
+            )
+        )
+    old = [gpu for gpu in gpus if tuple(gpu.compute_capability) < EXL3_MIN_COMPUTE_CAPABILITY]
+    if old:
+        names = ", ".join(
+            f"GPU {gpu.index} {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]})" for gpu in old
+        )
+        checks.append(
+            Check(
+                name="compute capability",
+                status="fail",
+                detail=f"{names}: ExLlamaV3 needs 8.0 or newer",
+                fix="use Ampere or newer GPUs (RTX 30xx and up)",
+            )
+        )
+    elif gpus:
+        caps = sorted({f"{g.compute_capability[0]}.{g.compute_capability[1]}" for g in gpus})
+        checks.append(Check(name="compute capability", status="ok", detail=", ".join(caps)))
+    return checks
+
+
 def run_checks(
     facts: DoctorFacts, need: Requirements, limits: HostLimits, *, profile: str | None = None
 ) -> DoctorReport:
@@ -564,7 +624,7 @@ def run_checks(
         # ExLlamaV3's extension is built for the serving GPUs (sm_80 and newer), not for vLLM's capability list.
         limits = limits.model_copy(update={"capabilities": EXL3_CAPABILITIES})
         engine = facts.exl3 if facts.exl3 is not None else read_exl3_engine()
-        checks += [Check(**c) for c in check_exl3_engine(engine, host.gpus, limits.exllamav3_version)]  # type: ignore[arg-type]
+        checks += check_exl3_engine(engine, host.gpus, limits.exllamav3_version)
     else:
         checks.append(check_engine_libraries(host))
     checks += check_gpus(host, need, limits)

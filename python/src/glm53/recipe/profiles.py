@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
-from glm53.fsutil import parse_json
+from glm53.fsutil import parse_json, read_text_bounded
 
 Kind = Literal["str", "int", "float", "bool", "json", "path"]
 # flag: a vLLM command-line flag; env: exported to the engine's environment; config: a field of the engine's
@@ -784,6 +784,5 @@ def load_profile(
 
 def read_env_file(path: Path, *, flag: str = "--env-file") -> tuple[Path, str]:
     """Read an env file for `load_profile`, naming the file in every error (a pipe or a huge file too)."""
-    from glm53.fsutil import read_text_bounded
 
     return path, read_text_bounded(path, what=flag, max_bytes=ENV_FILE_MAX_BYTES)

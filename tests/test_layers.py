@@ -1,0 +1,215 @@
+"""The package's layers (docs/architecture.md) hold by test.
+
+Every import in python/src/glm53 is read with `ast`: at module level, under TYPE_CHECKING and inside functions,
+relative ones resolved. An import between two packages must be an edge of ALLOWED, which follows the flow order
+
+    errors, output, fsutil -> host, checkpoint, recipe -> plan -> preflight -> serve -> repro, router, bench -> cli
+
+(a package imports only packages to its left; imports inside one package are always allowed). An import inside a
+function is only ever a heavy or optional third-party dependency, and a comment saying so (`# heavy: ...` or
+`# optional: ...`) stands on its line or on the line before it (a run of imports shares the comment above it).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import sys
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[1] / "python" / "src"
+PACKAGE = SOURCE / "glm53"
+
+# "glm53" is the package's own __init__ (its version); errors, output and fsutil are modules of the lowest layer.
+_FOUNDATION = frozenset({"glm53", "errors", "output", "fsutil"})
+_FACTS = _FOUNDATION | {"host", "checkpoint", "recipe"}
+_PLANNED = _FACTS | {"plan"}
+_CHECKED = _PLANNED | {"preflight"}
+_SERVED = _CHECKED | {"serve"}
+
+# Package -> the packages it may import. Every package under glm53 must be listed: a new one takes its place here.
+ALLOWED: dict[str, frozenset[str]] = {
+    "glm53": frozenset(),
+    "errors": frozenset(),
+    "output": frozenset({"errors"}),
+    "fsutil": frozenset({"errors"}),
+    "host": _FOUNDATION,
+    "checkpoint": _FOUNDATION,
+    "recipe": _FOUNDATION,
+    "plan": _FACTS,
+    "preflight": _PLANNED,
+    "serve": _CHECKED,
+    "repro": _SERVED,
+    "router": _SERVED,
+    # The one edge inside a layer: a bench report records the environment manifest (glm53.repro.manifest).
+    "bench": _SERVED | {"repro"},
+    "cli": _SERVED | {"repro", "router", "bench"},
+}
+
+_MARKER = re.compile(r"#\s*(heavy|optional)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, e.g. glm53.plan.planner
+    line: int
+    target: str  # the imported module (relative imports resolved), e.g. glm53.host.facts or numpy
+    in_function: bool
+    commented: bool  # a heavy/optional comment on its line or on the line before
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def package_of(module: str) -> str:
+    """glm53.plan.planner -> plan; glm53.errors -> errors; glm53 -> glm53."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _comments(source: str) -> dict[int, str]:
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return {token.start[0]: token.string for token in tokens if token.type == tokenize.COMMENT}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    if not node.level:
+        return [node.module or ""]
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    prefix = ".".join([*base, *([node.module] if node.module else [])])
+    if node.module:
+        return [prefix]
+    # `from . import x`: x is a module of that package when there is one, else a name defined in it.
+    return [f"{prefix}.{alias.name}" if f"{prefix}.{alias.name}" in MODULES else prefix for alias in node.names]
+
+
+def imports_of(module: str, path: Path) -> list[Import]:
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    comments = _comments(source)
+    statements = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    starts = {line: node.lineno for node in statements for line in range(node.lineno, (node.end_lineno or 0) + 1)}
+    in_function: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            in_function.update(id(inner) for inner in ast.walk(node) if inner is not node)
+
+    def commented(node: ast.Import | ast.ImportFrom) -> bool:
+        own = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        if any(_MARKER.search(comments.get(line, "")) for line in own):
+            return True
+        above = node.lineno - 1
+        while above in starts:  # the imports just above share the comment over them
+            above = starts[above] - 1
+        return bool(_MARKER.search(comments.get(above, "")))
+
+    found = []
+    for node in statements:
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            targets = _resolve(module, path.name == "__init__.py", node)
+        found += [Import(module, node.lineno, target, id(node) in in_function, commented(node)) for target in targets]
+    return found
+
+
+ALL_IMPORTS = [found for module, path in MODULES.items() for found in imports_of(module, path)]
+
+
+def _ours(target: str) -> bool:
+    return target.split(".")[0] == "glm53"
+
+
+def test_every_package_has_its_place_in_the_order() -> None:
+    packages = {package_of(module) for module in MODULES}
+    assert packages <= set(ALLOWED), f"place these in ALLOWED (and docs/architecture.md): {packages - set(ALLOWED)}"
+    assert {"recipe", "preflight", "plan", "serve", "cli"} <= packages
+
+
+def test_every_import_between_packages_follows_the_flow_order() -> None:
+    wrong = [
+        f"{found.module}:{found.line} imports {found.target} ({package_of(found.module)} -> {package_of(found.target)})"
+        for found in ALL_IMPORTS
+        if _ours(found.target)
+        and package_of(found.module) != package_of(found.target)
+        and package_of(found.target) not in ALLOWED.get(package_of(found.module), frozenset())
+    ]
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_no_function_imports_a_module_of_glm53() -> None:
+    inside = [f"{f.module}:{f.line} imports {f.target}" for f in ALL_IMPORTS if f.in_function and _ours(f.target)]
+    assert not inside, "imports of glm53 inside functions (import at module level):\n" + "\n".join(inside)
+
+
+def test_an_import_inside_a_function_is_a_heavy_or_optional_dependency_that_says_so() -> None:
+    inside = [found for found in ALL_IMPORTS if found.in_function and not _ours(found.target)]
+    standard = [f"{f.module}:{f.line} {f.target}" for f in inside if f.target.split(".")[0] in sys.stdlib_module_names]
+    silent = [f"{f.module}:{f.line} {f.target}" for f in inside if not f.commented]
+    assert not standard, "the standard library is never heavy: import it at module level:\n" + "\n".join(standard)
+    assert not silent, "say why with `# heavy: ...` or `# optional: ...`:\n" + "\n".join(silent)
+
+
+def test_no_import_hides_in_a_call() -> None:
+    """`__import__` and `importlib.import_module` would let a module of glm53 in past the tests above."""
+    calls = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                if name in ("__import__", "import_module"):
+                    calls.append(f"{module}:{node.lineno}")
+    assert not calls, "dynamic imports:\n" + "\n".join(calls)
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "expected"),
+    [
+        ("from . import doctor\n", "glm53.preflight", ["glm53.preflight.doctor"]),
+        ("from .doctor import run_checks\n", "glm53.preflight.render", ["glm53.preflight.doctor"]),
+        ("from .. import errors\n", "glm53.plan.planner", ["glm53.errors"]),
+        ("from .. import __version__\n", "glm53.plan.planner", ["glm53"]),
+        ("from ..host import facts\n", "glm53.plan.planner", ["glm53.host"]),
+    ],
+)
+def test_relative_imports_are_resolved(source: str, module: str, expected: list[str]) -> None:
+    node = ast.parse(source).body[0]
+    assert isinstance(node, ast.ImportFrom)
+    assert _resolve(module, module == "glm53.preflight", node) == expected
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text(
+        "import glm53.serve.launch\n"
+        "def f():\n"
+        "    from glm53.host import facts\n"
+        "    import numpy\n"
+        "    # heavy: torch\n"
+        "    import torch\n"
+        "    import torch.cuda\n"
+        "    import vllm  # optional: the engine\n"
+    )
+    found = {(i.target, i.in_function, i.commented) for i in imports_of("glm53.host.probe", path)}
+    assert found == {
+        ("glm53.serve.launch", False, False),
+        ("glm53.host", True, False),
+        ("numpy", True, False),
+        ("torch", True, True),
+        ("torch.cuda", True, True),
+        ("vllm", True, True),
+    }
+    assert "serve" not in ALLOWED["host"]

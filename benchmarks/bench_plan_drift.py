@@ -13,8 +13,8 @@ the learning window; half the experts re-permuted at 50%) and prints the worst o
 
     python benchmarks/bench_plan_drift.py [--seed N] [--steps N]
 
-The same from the command line: `glm53 plan trace synth --out s.jsonl && glm53 plan simulate --traces s.jsonl`;
-`glm53 plan trace synth --out d.jsonl --locality 0.5 --shift 0.5:1 && glm53 plan simulate --traces d.jsonl`.
+The same from the command line: `glm53 plan trace synth --out s.jsonl && glm53 plan simulate s.jsonl`;
+`glm53 plan trace synth --out d.jsonl --locality 0.5 --shift 0.5:1 && glm53 plan simulate d.jsonl`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ policy beats the recipe's by at least 4 points at 17%, and planning plus the fou
     python benchmarks/bench_plan_simulate.py [--trace FILE] [--steps N] [--locality P] [--bandwidth FILE]
 
 The same comparison from the command line: `glm53 plan trace synth --out t.jsonl && glm53 plan simulate
---traces t.jsonl`.
+t.jsonl`.
 """
 
 from __future__ import annotations

@@ -160,11 +160,15 @@ let
     exllamav3 = "exl3-2x3090";
   };
 
+  # glm53's default listen address (glm53.constants.DEFAULT_HOST; the port is the lock's runtime.port), so that
+  # the module and `glm53 serve` agree; tests/test_nix.py holds them equal.
+  defaultHost = "127.0.0.1";
+
   # The address as given: whether it may be used (loopback, or any address with listenAll) is glm53's
   # rule, applied by the build-time check below and again at start; Nix does not decide it.
   addressArgs =
     {
-      host ? "127.0.0.1",
+      host ? defaultHost,
       port ? lock.runtime.port,
       listenAll ? false,
     }:
@@ -182,7 +186,7 @@ let
       profile,
       modelDir,
       envFile,
-      host ? "127.0.0.1",
+      host ? defaultHost,
       port ? lock.runtime.port,
       listenAll ? false,
       apiKeyFile ? null,
@@ -205,7 +209,7 @@ let
     {
       profile,
       envFile,
-      host ? "127.0.0.1",
+      host ? defaultHost,
       port ? lock.runtime.port,
       listenAll ? false,
     }:
@@ -249,6 +253,8 @@ in
     defaultProfiles
     serveArgs
     checkArgs
+    defaultHost
     ;
-  version = "0.1.0";
+  # Written once, in python/pyproject.toml; the Python package reads it from its installed metadata.
+  version = (builtins.fromTOML (builtins.readFile ../python/pyproject.toml)).project.version;
 }

@@ -101,7 +101,7 @@ in
 
     host = lib.mkOption {
       type = lib.types.str;
-      default = "127.0.0.1";
+      default = glmLib.defaultHost;
       description = "Address to listen on (an IP address). Anything but loopback also needs listenAll.";
     };
 

@@ -277,7 +277,7 @@ def test_compare_two_reports_and_against_the_recipe() -> None:
     mine = {(r.subject, r.metric): r for r in vs_recipe.rows}
     assert mine[("8192:2048", "decode_tok_s")].a == 50.4
     assert mine[("131072:2048", "decode_tok_s")].b is None, "shapes not measured show as missing"
-    with pytest.raises(BadInput, match="--profile"):
+    with pytest.raises(BadInput, match="--figures"):
         compare_to_recipe(b, profile="nope")
 
 

@@ -58,7 +58,7 @@ def partials(model_dir: Path) -> list[Path]:
 
 
 def download_args(target: Path) -> list[str]:
-    return ["model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(target)]
+    return ["model", "download", REPO, "--revision", REV, "--model-dir", str(target)]
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -72,7 +72,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) ->
 def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     target = tmp_path / "dl"
     hub.drop_after[BIG] = 11 * 1024 * 1024  # the connection breaks once, mid-file
-    result = run_glm53("model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(target), "--json")
+    result = run_glm53("model", "download", REPO, "--revision", REV, "--model-dir", str(target), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
     assert payload["lock_created"] is True and payload["verify"]["ok"] is True
@@ -87,7 +87,7 @@ def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path
     assert resumed, "the broken transfer was resumed with a Range request"
     assert not partials(target)
 
-    again = run_glm53("model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(target))
+    again = run_glm53("model", "download", REPO, "--revision", REV, "--model-dir", str(target))
     assert again.code == 0, again.stderr
     assert "all 8 files match" in again.stdout
 
@@ -101,7 +101,7 @@ def test_download_against_a_given_lock_fetches_only_locked_files(hub: FakeHub, s
     write_lock(lock_from_directory(partial, repo=REPO, revision=REV), lock_path)
     target = tmp_path / "dl"
     result = run_glm53(
-        "model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(target), "--lock", str(lock_path)
+        "model", "download", REPO, "--revision", REV, "--model-dir", str(target), "--lock", str(lock_path)
     )
     assert result.code == 0, result.stderr
     assert sorted(p.name for p in target.iterdir() if p.is_file()) == ["config.json", "kpool_aux.safetensors"]
@@ -117,7 +117,6 @@ def test_download_detects_content_that_differs_from_the_lock(hub: FakeHub, sourc
     result = run_glm53(
         "model",
         "download",
-        "--repo",
         REPO,
         "--revision",
         REV,
@@ -142,16 +141,13 @@ def test_download_refuses_a_file_the_hub_serves_at_another_size(hub: FakeHub, so
 
 
 def test_download_refuses_a_branch_name_and_a_mismatched_lock(hub: FakeHub, source: Path, tmp_path: Path) -> None:
-    result = run_glm53(
-        "model", "download", "--repo", REPO, "--revision", "3.05bpw", "--model-dir", str(tmp_path / "dl")
-    )
+    result = run_glm53("model", "download", REPO, "--revision", "3.05bpw", "--model-dir", str(tmp_path / "dl"))
     assert result.code == 2 and "40-hex" in result.stderr
     lock_path = tmp_path / "other.lock.json"
     write_lock(lock_from_directory(source, repo="someone/else", revision=REV), lock_path)
     result = run_glm53(
         "model",
         "download",
-        "--repo",
         REPO,
         "--revision",
         REV,

@@ -56,11 +56,11 @@ def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def download_args(target: Path) -> list[str]:
-    return ["model", "download", "--repo", REPO, "--revision", REV, "--model-dir", str(target)]
+    return ["model", "download", REPO, "--revision", REV, "--model-dir", str(target)]
 
 
 def lock_args() -> list[str]:
-    return ["model", "lock", "--from-hub", REPO, "--revision", REV]
+    return ["model", "lock", REPO, "--revision", REV]
 
 
 def tree(root: Path) -> list[str]:
@@ -444,10 +444,10 @@ def test_a_malformed_hf_endpoint_is_bad_input(tmp_path: Path, monkeypatch: pytes
 
 @pytest.mark.parametrize("repo", ["not a repo", "a/b/c", "../../etc"])
 def test_a_malformed_repo_id_is_bad_input(hub: FakeHub, tmp_path: Path, repo: str) -> None:
-    result = run_glm53("model", "lock", "--from-hub", repo, "--revision", REV, "--out", str(tmp_path / "l.json"))
-    assert result.code == 2 and "--repo" in result.stderr
-    result = run_glm53("model", "download", "--repo", repo, "--revision", REV, "--model-dir", str(tmp_path / "d"))
-    assert result.code == 2 and "--repo" in result.stderr
+    result = run_glm53("model", "lock", repo, "--revision", REV, "--out", str(tmp_path / "l.json"))
+    assert result.code == 2 and "not a Hub repository id" in result.stderr
+    result = run_glm53("model", "download", repo, "--revision", REV, "--model-dir", str(tmp_path / "d"))
+    assert result.code == 2 and "not a Hub repository id" in result.stderr
     assert not hub.requests
 
 

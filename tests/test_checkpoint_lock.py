@@ -39,7 +39,7 @@ def test_lock_from_directory_records_every_file(checkpoint: Path) -> None:
     (checkpoint / ".cache" / "huggingface" / "state").write_text("tool state")
     (checkpoint / ".git" / "lfs").mkdir(parents=True)
     (checkpoint / ".git" / "lfs" / "object").write_text("a git clone's second copy")
-    result = run_glm53("model", "lock", "--model-dir", str(checkpoint), "--repo", REPO, "--revision", REV, "--json")
+    result = run_glm53("model", "lock", "--model-dir", str(checkpoint), REPO, "--revision", REV, "--json")
     assert result.code == 0, result.stderr
     lock = load_lock(checkpoint / LOCK_FILENAME)
     assert result.json()["lock"] == str(checkpoint / LOCK_FILENAME)
@@ -130,7 +130,7 @@ def test_lock_from_hub_matches_the_local_lock_without_downloading_weights(
     checkpoint: Path, hub: FakeHub, tmp_path: Path
 ) -> None:
     out = tmp_path / "hub.lock.json"
-    result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", REV, "--out", str(out))
+    result = run_glm53("model", "lock", REPO, "--revision", REV, "--out", str(out))
     assert result.code == 0, result.stderr
     from_hub = load_lock(out)
     local = lock_from_directory(checkpoint, repo=REPO, revision=REV)
@@ -146,18 +146,16 @@ def test_lock_from_hub_matches_the_local_lock_without_downloading_weights(
 
 
 def test_lock_from_hub_needs_a_full_revision(hub: FakeHub, tmp_path: Path) -> None:
-    result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", "main", "--out", str(tmp_path / "l.json"))
+    result = run_glm53("model", "lock", REPO, "--revision", "main", "--out", str(tmp_path / "l.json"))
     assert result.code == 2 and "40-hex" in result.stderr
     assert not hub.requests
 
 
 def test_lock_from_hub_unknown_revision_and_repo(hub: FakeHub, tmp_path: Path) -> None:
     other = "0" * 40
-    result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", other, "--out", str(tmp_path / "l.json"))
+    result = run_glm53("model", "lock", REPO, "--revision", other, "--out", str(tmp_path / "l.json"))
     assert result.code == 2 and "not found" in result.stderr and other in result.stderr
-    result = run_glm53(
-        "model", "lock", "--from-hub", "nobody/nothing", "--revision", REV, "--out", str(tmp_path / "l.json")
-    )
+    result = run_glm53("model", "lock", "nobody/nothing", "--revision", REV, "--out", str(tmp_path / "l.json"))
     assert result.code == 2 and "nobody/nothing" in result.stderr
     assert not (tmp_path / "l.json").exists()
 
@@ -167,7 +165,7 @@ def test_lock_from_hub_with_an_unreachable_endpoint_fails_cleanly(
 ) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
-    result = run_glm53("model", "lock", "--from-hub", REPO, "--revision", REV, "--out", str(tmp_path / "l.json"))
+    result = run_glm53("model", "lock", REPO, "--revision", REV, "--out", str(tmp_path / "l.json"))
     assert result.code == 3
     assert "Hub" in result.stderr
     assert not os.path.exists(tmp_path / "l.json")

@@ -19,6 +19,6 @@ def test_the_reference_covers_every_command_and_names_the_json_option() -> None:
     assert len(paths) >= 25
     for path in paths:
         assert f"## `{' '.join(('glm53', *path))}`" in rendered
-    for reporting in ("doctor", "model verify", "plan", "bench run", "repro audit-host", "profile check"):
+    for reporting in ("doctor", "model verify", "plan host", "bench run", "repro audit-host", "profile check"):
         section = rendered.split(f"## `glm53 {reporting}`", 1)[1].split("\n## ", 1)[0]
         assert "--json" in section, reporting

@@ -183,7 +183,14 @@ def test_cli_doctor_for_an_exl3_profile_reports_instead_of_crashing(monkeypatch:
     monkeypatch.setitem(sys.modules, "pynvml", two_3090s())
     monkeypatch.delenv("GLM53_TABBYAPI_DIR", raising=False)
     result = run_glm53(
-        "doctor", "--profile", "exl3-2x3090", "--root", str(FIXTURES / "gpu-host"), "--port", str(free_port()), "--json"
+        "doctor",
+        "--profile",
+        "exl3-2x3090",
+        "--host-root",
+        str(FIXTURES / "gpu-host"),
+        "--port",
+        str(free_port()),
+        "--json",
     )
     assert result.code == 1, result.stderr
     checks = {c["name"]: c for c in result.json()["checks"]}

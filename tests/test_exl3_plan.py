@@ -1,5 +1,5 @@
 """The ExLlamaV3 planner (glm53.plan.exl3): ledgers, the offload choice, the decode model, dynamic placement,
-the stats file and rigs; then `glm53 plan --profile exl3-*` through the CLI entry point."""
+the stats file and rigs; then `glm53 plan host --profile exl3-*` through the CLI entry point."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from glm53.constants import GIB
 from glm53.errors import BadInput
 from glm53.host.rig import Rig, RigGpu, load_rig, rig_topology
 from glm53.plan.checkpoint_facts import ModelFacts, load_architecture
@@ -31,7 +32,7 @@ from glm53.plan.exl3 import (
     split_stats,
     static_cpu_experts,
 )
-from glm53.plan.planner import GIB, GpuSpec, Infeasible
+from glm53.plan.planner import GpuSpec, Infeasible
 from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, synthesize_trace, write_counts, write_trace
 from glm53.recipe.profiles import load_profile
 from tests.support.cli import run_with_capsys as run
@@ -510,11 +511,13 @@ def test_rig_topology_numbers_cpus_like_linux() -> None:
 def test_cli_plans_an_exl3_profile_for_a_rig(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, out, _ = run(["plan", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090", "--json"], capsys, monkeypatch)
+    code, out, _ = run(
+        ["plan", "host", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090", "--json"], capsys, monkeypatch
+    )
     assert code == 0
     plan = Exl3Plan.model_validate_json(out)
     assert plan == plan_for("exl3-2x3090", "recipe-2x3090")
-    code, out, _ = run(["plan", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090"], capsys, monkeypatch)
+    code, out, _ = run(["plan", "host", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090"], capsys, monkeypatch)
     assert code == 0
     for text in (
         "GPU ledger",
@@ -533,7 +536,7 @@ def test_cli_plans_an_exl3_profile_for_a_rig(
 def test_cli_env_lines_load_as_a_plan_env(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, out, _ = run(["plan", "--profile", "exl3-1gpu", "--rig", "one-3090", "--env"], capsys, monkeypatch)
+    code, out, _ = run(["plan", "host", "--profile", "exl3-1gpu", "--rig", "one-3090", "--env"], capsys, monkeypatch)
     assert code == 0
     assert out.splitlines()[:3] == ["GPU_SPLIT=23.16", "CACHE_SIZE=131072", "EXL3_MOE_CPU_SPLIT=253"]
 
@@ -546,7 +549,7 @@ def test_cli_stats_trace_and_out_write_the_files(
     trace_path = tmp_path / "routing.jsonl"
     write_trace(trace_path, synthesize_trace(SyntheticTraceSpec(steps=600, skew_min=1.0, skew_max=1.2, seed=2)))
     out_dir = tmp_path / "plan"
-    args = ["plan", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090", "--stats", str(trace_path)]
+    args = ["plan", "host", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090", "--stats", str(trace_path)]
     code, out, err = run([*args, "--out", str(out_dir)], capsys, monkeypatch)
     assert code == 0
     assert "placement: static placement puts" in err and "static placement puts" in out
@@ -580,7 +583,7 @@ def test_cli_counts_file_writes_stats_without_a_placement_verdict(
     counts_path = tmp_path / "counts.json"
     write_counts(counts_path, synthesize_trace(SyntheticTraceSpec(steps=200, seed=4)).to_counts())
     out_dir = tmp_path / "plan"
-    args = ["plan", "--profile", "exl3-1gpu", "--rig", "one-3090", "--stats", str(counts_path)]
+    args = ["plan", "host", "--profile", "exl3-1gpu", "--rig", "one-3090", "--stats", str(counts_path)]
     code, _, err = run([*args, "--out", str(out_dir), "--json"], capsys, monkeypatch)
     assert code == 0 and "placement:" not in err
     assert (out_dir / "exl3-split-stats.json").is_file()
@@ -589,7 +592,7 @@ def test_cli_counts_file_writes_stats_without_a_placement_verdict(
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    exl3 = ["plan", "--profile", "exl3-2x3090"]
+    exl3 = ["plan", "host", "--profile", "exl3-2x3090"]
     code, _, err = run([*exl3, "--rig", "no-such-rig"], capsys, monkeypatch)
     assert code == 2 and "no rig named" in err
     code, _, err = run([*exl3, "--rig", "recipe-2x3090", "--tp", "2"], capsys, monkeypatch)

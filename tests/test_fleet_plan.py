@@ -113,7 +113,7 @@ def test_an_unreachable_target_is_exit_1_with_the_reason() -> None:
         (["--users", "2", "--turns-per-min", "1", "--cache-hit", "1.5"], "--cache-hit"),
         (["--users", "2", "--turns-per-min", "1", "--p95-seconds", "-1"], "--p95-seconds"),
         (["--users", "2", "--turns-per-min", "1", "--policy", "fastest"], "--policy"),
-        (["--users", "2", "--turns-per-min", "1", "--profile", "nope"], "--profile"),
+        (["--users", "2", "--turns-per-min", "1", "--figures", "nope"], "--figures"),
         (["--users", "2", "--turns-per-min", "1", "--context", "100"], "--context"),
         (["--users", "2", "--turns-per-min", "1", "--prompt-tokens", "300000"], "--prompt-tokens"),
         (["--turns-per-min", "1"], "--users"),

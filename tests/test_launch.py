@@ -215,7 +215,7 @@ def test_api_key_file_problems_are_bad_input(tmp_path: Path) -> None:
 
 
 def test_plan_file_from_the_planner_layers_over_the_profile(tmp_path: Path) -> None:
-    # The file is written by the planner's own formatter (glm53 plan --env): its profile keys
+    # The file is written by the planner's own formatter (glm53 plan host --env): its profile keys
     # (CPU_OFFLOAD_GB, KV_CACHE_MEMORY_BYTES, ...) override the profile, --set still wins, the rest is
     # exported as is and HYBRID_MAIN_CPUS becomes the affinity.
     from glm53.plan.env import env_lines

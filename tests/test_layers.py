@@ -25,8 +25,9 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[1] / "python" / "src"
 PACKAGE = SOURCE / "glm53"
 
-# "glm53" is the package's own __init__ (its version); errors, output and fsutil are modules of the lowest layer.
-_FOUNDATION = frozenset({"glm53", "errors", "output", "fsutil"})
+# "glm53" is the package's own __init__ (its version); errors, output, fsutil and constants (the default address,
+# the size units) are modules of the lowest layer.
+_FOUNDATION = frozenset({"glm53", "errors", "output", "fsutil", "constants"})
 _FACTS = _FOUNDATION | {"host", "checkpoint", "recipe"}
 _PLANNED = _FACTS | {"plan"}
 _CHECKED = _PLANNED | {"preflight"}
@@ -38,6 +39,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "output": frozenset({"errors"}),
     "fsutil": frozenset({"errors"}),
+    "constants": frozenset(),
     "host": _FOUNDATION,
     "checkpoint": _FOUNDATION,
     "recipe": _FOUNDATION,

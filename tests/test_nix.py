@@ -59,6 +59,16 @@ def test_nix_reads_the_same_pins_as_python() -> None:
     assert pins["cuda"]["capabilities"] == lock.engine.cuda.capabilities
 
 
+def test_nix_and_python_default_to_the_same_address() -> None:
+    from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
+
+    result = nix_eval(lib_expr("{ host = lib.defaultHost; port = lib.lock.runtime.port; version = lib.version; }"))
+    assert result.returncode == 0, result.stderr
+    from glm53 import __version__
+
+    assert json.loads(result.stdout) == {"host": DEFAULT_HOST, "port": DEFAULT_PORT, "version": __version__}
+
+
 def test_flake_lock_matches_repro_lock() -> None:
     lock = load_repro_lock(ROOT / "repro.lock.json")
     flake_lock = json.loads((ROOT / "flake.lock").read_text())

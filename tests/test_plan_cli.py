@@ -1,4 +1,4 @@
-"""`glm53 plan`, `plan simulate`, `plan trace synth` and `probe` through the CLI entry point, in-process."""
+"""`glm53 plan host`, `plan simulate`, `plan trace synth` and `probe` through the CLI entry point, in-process."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ RIG = ["--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "threadripper-5
 
 
 def test_plan_env_lines_for_the_recipe_rig(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    code, out, _ = run(["plan", *RIG, "--env"], capsys, monkeypatch)
+    code, out, _ = run(["plan", "host", *RIG, "--env"], capsys, monkeypatch)
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "CPU_OFFLOAD_GB=54"
@@ -27,12 +27,12 @@ def test_plan_env_lines_for_the_recipe_rig(capsys: pytest.CaptureFixture[str], m
 
 
 def test_plan_json_and_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    code, out, _ = run(["plan", *RIG, "--json"], capsys, monkeypatch)
+    code, out, _ = run(["plan", "host", *RIG, "--json"], capsys, monkeypatch)
     assert code == 0
     plan = json.loads(out)
     assert (plan["format"], plan["version"]) == ("glm53-plan", 1)
     assert plan["gpus"][0]["expert_slots"] == 3106  # 3,114 less 8 slots of staging (one step's misses)
-    code, out, _ = run(["plan", *RIG], capsys, monkeypatch)
+    code, out, _ = run(["plan", "host", *RIG], capsys, monkeypatch)
     assert code == 0
     for title in ("GPU memory ledger", "KV cache derivation", "Host memory ledger", "CPU sets", "264,160"):
         assert title in out
@@ -41,7 +41,7 @@ def test_plan_json_and_table(capsys: pytest.CaptureFixture[str], monkeypatch: py
 def test_plan_out_writes_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, _, _ = run(["plan", *RIG, "--out", str(tmp_path / "plan"), "--json"], capsys, monkeypatch)
+    code, _, _ = run(["plan", "host", *RIG, "--out", str(tmp_path / "plan"), "--json"], capsys, monkeypatch)
     assert code == 0
     assert json.loads((tmp_path / "plan/plan.json").read_text())["host"]["cpu_offload_gb"] == 54
     assert "CPU_OFFLOAD_GB=54\n" in (tmp_path / "plan/plan.env").read_text()
@@ -51,7 +51,7 @@ def test_infeasible_plan_exits_1_with_the_fix(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code, _, err = run(
-        ["plan", "--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "desktop-8core-cgv1")],
+        ["plan", "host", "--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "desktop-8core-cgv1")],
         capsys,
         monkeypatch,
     )
@@ -61,7 +61,7 @@ def test_infeasible_plan_exits_1_with_the_fix(
 
 
 def test_bad_size_flag_exits_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    code, _, err = run(["plan", "--gpu-memory", "24 bananas"], capsys, monkeypatch)
+    code, _, err = run(["plan", "host", "--gpu-memory", "24 bananas"], capsys, monkeypatch)
     assert code == 2
     assert "--gpu-memory" in err
 
@@ -78,6 +78,7 @@ def test_bandwidth_file_feeds_the_cost_model(
     code, out, _ = run(
         [
             "plan",
+            "host",
             *RIG,
             "--stats",
             str(trace),
@@ -130,7 +131,6 @@ def test_simulate_small_trace(
         [
             "plan",
             "simulate",
-            "--traces",
             str(trace),
             "--budgets",
             "0.25,0.5",
@@ -183,6 +183,7 @@ def test_profile_then_flags(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     code, out, _ = run(
         [
             "plan",
+            "host",
             *RIG,
             "--profile",
             "agent-256k",
@@ -229,7 +230,7 @@ def test_simulate_writes_plots(
         monkeypatch,
     )
     code, out, _ = run(
-        ["plan", "simulate", "--traces", str(trace), "--budgets", "0.25", "--plots", str(tmp_path / "plots")],
+        ["plan", "simulate", str(trace), "--budgets", "0.25", "--plots-dir", str(tmp_path / "plots")],
         capsys,
         monkeypatch,
     )
@@ -244,8 +245,8 @@ def test_a_missing_model_dir_is_named_before_anything_else(
 ) -> None:
     gone = tmp_path / "srv" / "models" / "glm53"
     # Before the GPU question too: on a machine without GPUs the missing directory is what to fix first.
-    code, _, err = run(["plan", "--model-dir", str(gone)], capsys, monkeypatch)
+    code, _, err = run(["plan", "host", "--model-dir", str(gone)], capsys, monkeypatch)
     assert code == 2 and f"--model-dir {gone} does not exist" in err
     assert "without --model-dir the plan uses the published model facts" in err
-    code, _, err = run(["plan", *RIG, "--model-dir", str(gone)], capsys, monkeypatch)
+    code, _, err = run(["plan", "host", *RIG, "--model-dir", str(gone)], capsys, monkeypatch)
     assert code == 2 and "does not exist" in err

@@ -104,7 +104,7 @@ def test_cli_synth_shift_and_simulate_drift_table(
     synth = ["plan", "trace", "synth", "--out", str(trace), "--steps", "400", "--layers", "3-6"]
     code, _, _ = run([*synth, "--experts", "32", "--top-k", "4", "--shift", "0.5:1"], capsys, monkeypatch)
     assert code == 0
-    simulate = ["plan", "simulate", "--traces", str(trace), "--budgets", "0.25,0.5", "--workers", "1"]
+    simulate = ["plan", "simulate", str(trace), "--budgets", "0.25,0.5", "--workers", "1"]
     code, out, _ = run([*simulate, "--drift", "0.5:1,0.1:0.5"], capsys, monkeypatch)
     assert code == 0
     assert "Drift: planned (c) minus recipe (b)" in out and "shift 50% at 10%" in out

@@ -33,7 +33,9 @@ def test_bandwidth_must_be_positive_and_finite(
     probe = json.loads(PROBE.read_text())
     text = json.dumps(probe).replace(str(probe["results"][0]["bytes_per_s"]), rate, 1)
     (tmp_path / "probe.json").write_text(text)
-    code, out, err = run(["plan", *RIG, "--json", "--bandwidth", str(tmp_path / "probe.json")], capsys, monkeypatch)
+    code, out, err = run(
+        ["plan", "host", *RIG, "--json", "--bandwidth", str(tmp_path / "probe.json")], capsys, monkeypatch
+    )
     assert code == 2, err
     assert "--bandwidth" in err and "bytes_per_s" in err
     assert "Infinity" not in out and "NaN" not in out
@@ -49,7 +51,7 @@ def test_out_on_an_existing_file_names_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "file").write_text("keep")
-    code, _, err = run(["plan", *RIG, "--out", str(tmp_path / "file")], capsys, monkeypatch)
+    code, _, err = run(["plan", "host", *RIG, "--out", str(tmp_path / "file")], capsys, monkeypatch)
     assert code == 2
     assert "is a file, not a directory" in err and "another path" in err
     assert (tmp_path / "file").read_text() == "keep"
@@ -72,7 +74,7 @@ def test_out_on_an_existing_file_names_the_fix(
 def test_bad_sizes_name_the_flag(
     args: list[str], flag: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, _, err = run(["plan", "--host-root", RIG[-1], *args], capsys, monkeypatch)
+    code, _, err = run(["plan", "host", "--host-root", RIG[-1], *args], capsys, monkeypatch)
     assert code == 2, err
     assert flag in err and "Traceback" not in err
 
@@ -180,9 +182,7 @@ def test_output_paths_that_are_directories(
     code, _, err = run(["plan", "trace", "synth", "--out", str(tmp_path), "--force"], capsys, monkeypatch)
     assert code == 2 and "is a directory" in err
     _trace(tmp_path / "t.jsonl", HEADER, STEP, STEP, STEP)
-    code, _, err = run(
-        ["plan", "simulate", "--traces", str(tmp_path / "t.jsonl"), "--out", str(tmp_path)], capsys, monkeypatch
-    )
+    code, _, err = run(["plan", "simulate", str(tmp_path / "t.jsonl"), "--out", str(tmp_path)], capsys, monkeypatch)
     assert code == 2 and "--out" in err
     code, _, err = run(["probe", "--out", str(tmp_path)], capsys, monkeypatch)
     assert code == 2 and "--out" in err

@@ -1,4 +1,4 @@
-"""`glm53 plan` for a rig that is not this machine: a packaged rig (`--rig recipe-2x3090`), a rig file, or
+"""`glm53 plan host` for a rig that is not this machine: a packaged rig (`--rig recipe-2x3090`), a rig file, or
 `--ram`, `--cpus` and `--gpu-memory`; each equals planning on that machine itself (its saved /proc and /sys)."""
 
 from __future__ import annotations
@@ -35,30 +35,32 @@ def test_the_recipe_rig_is_the_recipe_machine() -> None:
 
 
 def test_planning_for_the_rig_from_any_machine_equals_planning_on_it() -> None:
-    on_it = run_glm53("plan", "--gpu-memory", "24GiB,24GiB", "--host-root", str(RECIPE_HOST), "--env")
+    on_it = run_glm53("plan", "host", "--gpu-memory", "24GiB,24GiB", "--host-root", str(RECIPE_HOST), "--env")
     assert on_it.code == 0, on_it.stderr
-    rig = run_glm53("plan", "--rig", "recipe-2x3090", "--env")
+    rig = run_glm53("plan", "host", "--rig", "recipe-2x3090", "--env")
     assert rig.code == 0, rig.stderr
     assert rig.stdout == on_it.stdout
     assert "planned for rig recipe-2x3090: NVIDIA GeForce RTX 3090 24 GiB" in rig.stderr
     # The same target from options, on a small machine's facts: its RAM and CPUs no longer count.
     options = run_glm53(
-        "plan", "--gpu-memory", "24GiB,24GiB", "--ram", "128GiB", "--cpus", "32cx2t/8",
+        "plan", "host", "--gpu-memory", "24GiB,24GiB", "--ram", "128GiB", "--cpus", "32cx2t/8",
         "--host-root", str(HOSTS / "desktop-8core-cgv1"), "--env",
     )  # fmt: skip
     assert options.code == 0, options.stderr
     assert options.stdout == on_it.stdout
-    plan = run_glm53("plan", "--rig", "recipe-2x3090", "--profile", "agent-256k", "--max-model-len", "131072", "--json")
+    plan = run_glm53(
+        "plan", "host", "--rig", "recipe-2x3090", "--profile", "agent-256k", "--max-model-len", "131072", "--json"
+    )
     assert plan.code == 0, plan.stderr
     payload = plan.json()
     assert payload["target"].startswith("rig recipe-2x3090") and payload["shape"]["max_model_len"] == 131072
 
 
 def test_this_machine_s_ram_is_named_with_the_way_out() -> None:
-    small = run_glm53("plan", "--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "desktop-8core-cgv1"))
+    small = run_glm53("plan", "host", "--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "desktop-8core-cgv1"))
     assert small.code == 1 and "infeasible: host memory" in small.stderr
     assert "this is this machine's RAM" in small.stderr and "--rig recipe-2x3090" in small.stderr
-    too_small = run_glm53("plan", "--rig", "recipe-2x3090", "--ram", "32GiB")
+    too_small = run_glm53("plan", "host", "--rig", "recipe-2x3090", "--ram", "32GiB")
     assert too_small.code == 1 and "this machine's RAM" not in too_small.stderr, "the target's RAM was given"
 
 
@@ -87,7 +89,7 @@ def test_rig_files_and_their_errors(tmp_path: Path) -> None:
     rig["cores_per_l3"] = 8
     good = tmp_path / "one-4090.json"
     good.write_text(json.dumps(rig))
-    result = run_glm53("plan", "--rig", str(good), "--tp", "1", "--json")
+    result = run_glm53("plan", "host", "--rig", str(good), "--tp", "1", "--json")
     assert result.code == 0, result.stderr
     assert "rig one-4090" in result.stderr and len(result.json()["gpus"]) == 1
     for name, change, says in [
@@ -97,7 +99,7 @@ def test_rig_files_and_their_errors(tmp_path: Path) -> None:
     ]:
         bad = tmp_path / name
         bad.write_text(json.dumps({**rig, **change}))
-        failed = run_glm53("plan", "--rig", str(bad))
+        failed = run_glm53("plan", "host", "--rig", str(bad))
         assert failed.code == 2 and str(bad) in failed.stderr and says in failed.stderr, failed.stderr
-    missing = run_glm53("plan", "--rig", "recipe-9x5090")
+    missing = run_glm53("plan", "host", "--rig", "recipe-9x5090")
     assert missing.code == 2 and "recipe-2x3090" in missing.stderr

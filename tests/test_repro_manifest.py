@@ -34,10 +34,10 @@ def test_manifest_records_the_host_through_the_host_facts_reader(tmp_path: Path)
 
 def test_manifest_cli_writes_atomically_and_refuses_to_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "m.json"
-    first = run_glm53("repro", "manifest", "-o", str(out), "--lock", str(LOCK))
+    first = run_glm53("repro", "manifest", "--out", str(out), "--lock", str(LOCK))
     assert first.code == 0, first.stderr
     assert json.loads(out.read_text())["schema_version"] == MANIFEST_SCHEMA
-    again = run_glm53("repro", "manifest", "-o", str(out), "--lock", str(LOCK))
+    again = run_glm53("repro", "manifest", "--out", str(out), "--lock", str(LOCK))
     assert again.code == 2 and "--force" in again.stderr
 
 

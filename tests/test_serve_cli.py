@@ -132,7 +132,7 @@ def test_dry_run_human_output_shows_command_env_and_origins(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--profile", "agent-265k", "--dry-run"), "unknown profile"),
+        (("--profile", "agent-265k", "--dry-run"), "Invalid value for '--profile'"),  # a usage error: the choices
         (
             ("--profile", "cpu-tiny", "--dry-run", "--set", "MAX_MODEL_LENGTH=8"),
             "MAX_MODEL_LEN",

@@ -9,6 +9,7 @@ the API-key credential, the loopback rule (through resolve_launch, as `glm53 ser
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -216,7 +217,7 @@ def test_the_api_key_and_env_file_are_credentials_never_in_argv() -> None:
 
 
 def test_cli_refuses_all_interfaces_without_listen_all(tmp_path: Path) -> None:
-    result = run_unit_cli("-m", MODEL_DIR, "--glm53", str(_glm53_exe()), "--host", "0.0.0.0")
+    result = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--host", "0.0.0.0")
     assert result.code == 2
     assert isinstance(result.error, BadInput)
     assert "--listen-all" in (result.error.hint or "")
@@ -228,7 +229,15 @@ def test_cli_listen_all_with_an_api_key_file(tmp_path: Path) -> None:
     key.write_text("sk-test-secret\n")
     key.chmod(0o600)
     result = run_unit_cli(
-        "-m", MODEL_DIR, "--glm53", str(_glm53_exe()), "--host", "0.0.0.0", "--listen-all", "--api-key-file", str(key)
+        "--model-dir",
+        MODEL_DIR,
+        "--glm53",
+        str(_glm53_exe()),
+        "--host",
+        "0.0.0.0",
+        "--listen-all",
+        "--api-key-file",
+        str(key),
     )
     assert result.code == 0, result.stderr
     assert "sk-test-secret" not in result.stdout
@@ -238,41 +247,59 @@ def test_cli_listen_all_with_an_api_key_file(tmp_path: Path) -> None:
 
 
 def test_cli_warns_when_listening_on_all_interfaces_without_a_key() -> None:
-    result = run_unit_cli("-m", MODEL_DIR, "--glm53", str(_glm53_exe()), "--host", "0.0.0.0", "--listen-all")
+    result = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--host", "0.0.0.0", "--listen-all")
     assert result.code == 0
     assert "without an API key" in result.stderr
 
 
 def test_cli_refuses_bad_input_through_the_library(tmp_path: Path) -> None:
     exe = str(_glm53_exe())
-    unknown = run_unit_cli("-m", MODEL_DIR, "--glm53", exe, "--profile", "agent-265k")
-    assert unknown.code == 2 and unknown.error is not None and "agent-256k" in (unknown.error.hint or "")
-    home = run_unit_cli("-m", "/home/someone/models/glm53", "--glm53", exe)
+    unknown = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", exe, "--profile", "agent-265k")
+    assert unknown.code == 2 and "agent-256k" in unknown.stderr  # the choices, named
+    home = run_unit_cli("--model-dir", "/home/someone/models/glm53", "--glm53", exe)
     assert home.code == 2 and home.error is not None and "ProtectHome" in home.error.message
-    missing = run_unit_cli("-m", MODEL_DIR, "--glm53", str(tmp_path / "nope"))
+    missing = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(tmp_path / "nope"))
     assert missing.code == 2 and missing.error is not None and "--glm53" in missing.error.message
     env_file = tmp_path / "bad.env"
     env_file.write_text("MAX_MODEL_LENGTH=131072\n")
-    bad_key = run_unit_cli("-m", MODEL_DIR, "--glm53", exe, "--env-file", str(env_file))
+    bad_key = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", exe, "--env-file", str(env_file))
     assert bad_key.code == 2 and bad_key.error is not None
     world_readable = tmp_path / "key"
     world_readable.write_text("k\n")
     world_readable.chmod(0o644)
-    open_key = run_unit_cli("-m", MODEL_DIR, "--glm53", exe, "--api-key-file", str(world_readable))
+    open_key = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", exe, "--api-key-file", str(world_readable))
     assert open_key.code == 2 and open_key.error is not None and "chmod 600" in (open_key.error.hint or "")
 
 
 def test_cli_writes_the_unit_file_and_prints_json(tmp_path: Path) -> None:
     out = tmp_path / "glm53.service"
-    written = run_unit_cli("-m", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(out))
+    written = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(out))
     assert written.code == 0 and written.stdout == ""
     assert "[Service]" in out.read_text()
-    printed = run_unit_cli("-m", MODEL_DIR, "--glm53", str(_glm53_exe()), "--json")
+    again = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(out))
+    assert again.code == 2 and again.error is not None and "--force" in (again.error.hint or "")
+    assert run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(out), "--force").code == 0
+    printed = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--json")
     assert printed.code == 0
     payload = json.loads(printed.stdout)
     assert payload["sections"]["Service"]["LimitMEMLOCK"] == "infinity"
     assert payload["sections"]["Service"]["ExecStart"].endswith("--skip-preflight")
     assert payload["text"] == out.read_text()
+
+
+def test_the_unit_runs_the_glm53_that_renders_it(tmp_path: Path) -> None:
+    """`.venv/bin/glm53 systemd-unit` needs no glm53 on PATH: argv[0] is the console script's own path."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    script = venv_bin / "glm53"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert systemd.running_glm53(str(script), "/usr/bin/python3") == script
+    relative = os.path.relpath(script)
+    assert systemd.running_glm53(relative, "/usr/bin/python3") == Path(os.path.abspath(relative))
+    # `python -m glm53.cli.main`: the glm53 beside the interpreter.
+    assert systemd.running_glm53("/x/glm53/cli/main.py", str(venv_bin / "python")) == script
+    assert systemd.running_glm53("/x/main.py", "/nowhere/python") is None
 
 
 # --- systemd itself -------------------------------------------------------------------------------------------
@@ -301,7 +328,7 @@ def exposure(unit: Path) -> float:
 @needs_systemd_analyze
 def test_systemd_verifies_the_rendered_unit_and_rates_it_at_most_2(tmp_path: Path) -> None:
     unit = tmp_path / "glm53.service"
-    result = run_unit_cli("-m", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(unit))
+    result = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(unit))
     assert result.code == 0, result.stderr
     _verify_clean(unit)
     score = exposure(unit)

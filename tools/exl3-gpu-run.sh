@@ -65,7 +65,7 @@ for stage in "$@"; do
     ;;
   serve)
     stamp serve
-    glm53 model lock --model-dir "$model" --repo local/glm53-tiny-exl3 --force >"$out/lock.log" 2>&1; echo "lock rc=$?"
+    glm53 model lock local/glm53-tiny-exl3 --model-dir "$model" --force >"$out/lock.log" 2>&1; echo "lock rc=$?"
     export GLM53_TABBYAPI_DIR=$tabby
     args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
       --set EXL3_MOE_CPU_SPLIT=${SPLIT:-8} --set EXL3_MOE_CPU_THREADS=8 ${SERVE_ARGS:-})

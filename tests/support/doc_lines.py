@@ -168,17 +168,17 @@ EXPECTED: dict[str, Expect] = {
     "glm53 bench run --base-url http://127.0.0.1:8000": Expect(needs="demo", says="measuring 2048:512"),
     "glm53 bench compare glm53-bench": Expect(needs="demo", says="decode tok/s"),
     # -- the real hardware path: the documented error without the GPU host, the checkpoint or the Hub ------
-    "glm53 model lock --from-hub turboderp/GLM-5.3-Flash-exl3 --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9 "
+    "glm53 model lock turboderp/GLM-5.3-Flash-exl3 --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9 "
     "--out glm53.lock.json": Expect(3, HUB, needs="hardware"),
-    "glm53 model download --repo turboderp/GLM-5.3-Flash-exl3 --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9 "
+    "glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9 "
     "--model-dir /srv/models/glm53 --lock glm53.lock.json": Expect(
         2, "checkpoint lock not found: glm53.lock.json", needs="hardware"
     ),
     "REV=332ab457b709b7ba30dd9a448be5de03b80a7ac9": Expect(0),
-    "glm53 model lock --from-hub turboderp/GLM-5.3-Flash-exl3 --revision $REV --out glm53.lock.json": Expect(
+    "glm53 model lock turboderp/GLM-5.3-Flash-exl3 --revision $REV --out glm53.lock.json": Expect(
         3, HUB, needs="hardware"
     ),
-    "glm53 model download --repo turboderp/GLM-5.3-Flash-exl3 --revision $REV --model-dir /srv/models/glm53 "
+    "glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision $REV --model-dir /srv/models/glm53 "
     "--lock glm53.lock.json": Expect(2, "checkpoint lock not found: glm53.lock.json", needs="hardware"),
     "glm53 model install --model-dir /srv/models/glm53": Expect(
         2, "model directory not found: /srv/models/glm53", needs="hardware"
@@ -189,7 +189,7 @@ EXPECTED: dict[str, Expect] = {
     "glm53 doctor --model-dir /srv/models/glm53": Expect(
         1, "--model-dir /srv/models/glm53 does not exist", needs="hardware"
     ),
-    "glm53 plan --model-dir /srv/models/glm53": Expect(
+    "glm53 plan host --model-dir /srv/models/glm53": Expect(
         2, "--model-dir /srv/models/glm53 does not exist", needs="hardware"
     ),
     "glm53 serve --profile agent-256k --model-dir /srv/models/glm53": Expect(
@@ -210,15 +210,15 @@ EXPECTED: dict[str, Expect] = {
         needs="elsewhere", why="writes 3 GiB of shards: a benchmark, run by hand"
     ),
     # -- docs/plan.md: the recipe's rig from any machine -----------------------------------------------------
-    "glm53 plan --rig recipe-2x3090": Expect(0, "CPU_OFFLOAD_GB"),
-    "glm53 plan --rig recipe-2x3090 --profile agent-256k --max-model-len 131072": Expect(0, "131,072"),
-    "glm53 plan --gpu-memory 24GiB,24GiB --ram 128GiB --cpus 32cx2t/8": Expect(0, "planned for 128.00 GiB RAM"),
+    "glm53 plan host --rig recipe-2x3090": Expect(0, "CPU_OFFLOAD_GB"),
+    "glm53 plan host --rig recipe-2x3090 --profile agent-256k --max-model-len 131072": Expect(0, "131,072"),
+    "glm53 plan host --gpu-memory 24GiB,24GiB --ram 128GiB --cpus 32cx2t/8": Expect(0, "planned for 128.00 GiB RAM"),
     "glm53 plan trace synth --steps 4000 --out t.jsonl": Expect(0, "wrote t.jsonl"),
-    "glm53 plan --rig recipe-2x3090 --stats t.jsonl --env > plan.env": Expect(0),
-    "glm53 plan --rig recipe-2x3090 --stats t.jsonl --out plan/": Expect(0, "plan.env"),
-    "glm53 plan simulate --traces t.jsonl --plots plots/": Expect(0, "plots"),
+    "glm53 plan host --rig recipe-2x3090 --stats t.jsonl --env > plan.env": Expect(0),
+    "glm53 plan host --rig recipe-2x3090 --stats t.jsonl --out plan/": Expect(0, "plan.env"),
+    "glm53 plan simulate t.jsonl --plots-dir plots/": Expect(0, "plots"),
     "glm53 probe --json > probe.json": Expect(3, "no CUDA device", needs="hardware"),
-    "glm53 plan --bandwidth probe.json --stats t.jsonl --out /var/lib/glm53/plan": Expect(
+    "glm53 plan host --bandwidth probe.json --stats t.jsonl --out /var/lib/glm53/plan": Expect(
         3, "no NVIDIA GPU found", needs="hardware"
     ),
     # -- docs/serve.md: the ExLlamaV3 engine (TabbyAPI) -------------------------------------------------------
@@ -230,9 +230,9 @@ EXPECTED: dict[str, Expect] = {
         needs="elsewhere", why="needs the GPU host; tests/test_nix_exl3.py evaluates the app and its closure"
     ),
     # -- docs/plan.md: the ExLlamaV3 engine's plan ---------------------------------------------------------
-    "glm53 plan --profile exl3-2x3090 --rig recipe-2x3090": Expect(0, "predicted decode"),
-    "glm53 plan --profile exl3-1gpu --rig one-3090 --env": Expect(0, "EXL3_MOE_CPU_SPLIT="),
-    "glm53 plan --profile exl3-2x3090 --stats routing.jsonl --out /var/lib/glm53/plan": Expect(
+    "glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090": Expect(0, "predicted decode"),
+    "glm53 plan host --profile exl3-1gpu --rig one-3090 --env": Expect(0, "EXL3_MOE_CPU_SPLIT="),
+    "glm53 plan host --profile exl3-2x3090 --stats routing.jsonl --out /var/lib/glm53/plan": Expect(
         2, "routing.jsonl not found", needs="hardware"
     ),
     "glm53 serve --profile exl3-2x3090 --plan-env /var/lib/glm53/plan/plan.env --model-dir /srv/models/glm53": Expect(

@@ -27,10 +27,10 @@ from pydantic import BaseModel
 
 from glm53.bench.sse import EventTooLarge, SSEParser
 from glm53.bench.stream import StreamAccumulator, StreamOutcome
+from glm53.constants import DEFAULT_BASE_URL
 from glm53.errors import BadInput, CheckFailed, Unavailable
 from glm53.fsutil import parse_json
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 # One streamed event of a completion is a token or a usage object (a few hundred bytes; with token ids and
 # logprobs a few KiB). 16 MiB is no event a server should send.
 MAX_EVENT_BYTES = 16 * 1024 * 1024
@@ -70,12 +70,12 @@ class BenchClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise BadInput(f"--base-url {base_url!r} is not an http(s) URL", hint="e.g. http://127.0.0.1:8000")
+            raise BadInput(f"--base-url {base_url!r} is not an http(s) URL", hint=f"e.g. {DEFAULT_BASE_URL}")
         try:
             httpx.URL(base_url)
         except (httpx.InvalidURL, ValueError) as exc:
             raise BadInput(
-                f"--base-url {base_url!r} is not a valid URL: {exc}", hint="e.g. http://127.0.0.1:8000"
+                f"--base-url {base_url!r} is not a valid URL: {exc}", hint=f"e.g. {DEFAULT_BASE_URL}"
             ) from exc
         if api_key is not None and not _header_safe(api_key):
             raise BadInput(

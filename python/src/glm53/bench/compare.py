@@ -174,7 +174,7 @@ def compare_to_recipe(summary: Summary, *, profile: str | None = None, label: st
     profile = profile or recipe.default_profile
     if profile not in recipe.profiles:
         raise BadInput(
-            f"--profile {profile!r} is not one of the recipe's",
+            f"--figures {profile!r} is not one of the recipe's",
             hint=f"use one of: {', '.join(recipe.profiles)}",
         )
     mine = _best_points(summary)

@@ -66,7 +66,7 @@ class Environment(BaseModel):
     git_commit: str | None = None
     git_dirty: bool | None = None
     plan_env: dict[str, str] = Field(default_factory=dict, description="engine/planner env keys in force")
-    plan_profile: str | None = Field(None, description="the serving profile named with --serve-profile")
+    plan_profile: str | None = Field(None, description="the serving profile named with --profile")
     plan: dict[str, PlanSetting] = Field(
         default_factory=dict,
         description="that profile's resolved settings (profile, --env-file, environment)",

@@ -23,26 +23,13 @@ from glm53.bench.report import (
     prepare_out_dir,
     write_section,
 )
+from glm53.bench.target import Target
 from glm53.errors import BadInput, Glm53Error
 from glm53.recipe.profiles import PROFILE_NAMES
 from glm53.serve.exec import read_api_key
 
 # Where the API key may come from besides --api-key-file and --api-key, in this order.
 API_KEY_ENV = ("GLM53_API_KEY", "OPENAI_API_KEY")
-
-
-@dataclass(frozen=True)
-class Target:
-    """The server to measure and what the report records about it (the bench commands' shared options)."""
-
-    base_url: str
-    model: str | None
-    timeout_s: float
-    api_key: str | None
-    serve_profile: str | None
-    env_file: Path | None
-    out_dir: Path
-    backends: tuple[str, ...] = ()  # the servers behind a router at base_url (--backend), checked URLs
 
 
 @dataclass(frozen=True)
@@ -59,7 +46,7 @@ def measuring(target: Target) -> Iterator[Session]:
     backends, the per-backend split, already started); the client is closed on leaving."""
     client, server = _connect(target)
     with client:
-        # Before measuring, so that a bad --serve-profile, --env-file or --out fails in seconds, not after
+        # Before measuring, so that a bad --profile, --env-file or --out fails in seconds, not after
         # an hour of measurement.
         environment = _environment(server, target)
         if not target.backends:
@@ -89,11 +76,10 @@ def _connect(target: Target) -> tuple[BenchClient, ServerInfo]:
 
 
 def _environment(server: ServerInfo, target: Target) -> Environment:
-
     profile = target.serve_profile
     if profile is not None and profile not in PROFILE_NAMES:
         raise BadInput(
-            f"--serve-profile {profile!r} is not a known profile",
+            f"--profile {profile!r} is not a known profile",
             hint=f"use one of: {', '.join(PROFILE_NAMES)}",
         )
     prepare_out_dir(target.out_dir)

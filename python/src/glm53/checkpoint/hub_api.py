@@ -219,7 +219,7 @@ def require_repo_id(repo: str) -> str:
         validate_repo_id(repo)
     except HFValidationError as exc:
         raise BadInput(
-            f"--repo {repo!r} is not a Hub repository id: {exc}",
+            f"REPO {repo!r} is not a Hub repository id: {exc}",
             hint="pass owner/name, e.g. turboderp/GLM-5.3-Flash-exl3",
         ) from exc
     return repo

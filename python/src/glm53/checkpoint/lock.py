@@ -134,6 +134,12 @@ def write_lock(lock: CheckpointLock, path: Path, *, force: bool = False) -> None
     atomic_write_json(path, lock.model_dump(mode="json"), overwrite=force)
 
 
+class WrittenLock(CheckpointLock):
+    """`glm53 model lock`'s result: the lock, and where it was written."""
+
+    lock: str
+
+
 def checkpoint_files(model_dir: Path) -> list[str]:
     """Relative paths of the checkpoint's files (sorted), refusing symlinks that leave the directory.
 
@@ -243,6 +249,7 @@ __all__ = [
     "CheckpointLock",
     "LockedFile",
     "LockedSafetensors",
+    "WrittenLock",
     "checkpoint_files",
     "default_lock_path",
     "is_tool_file",

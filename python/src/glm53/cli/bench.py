@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -25,11 +25,12 @@ from glm53.bench.agent import (
 from glm53.bench.agent import (
     check_fits as check_agent_fits,
 )
-from glm53.bench.backends import SplitTracker, parse_backends
+from glm53.bench.backends import parse_backends
 from glm53.bench.coherence import PROBES, PROMPT_ALLOWANCE, coherence_gates, run_coherence
 from glm53.bench.compare import COMPARE_FAIL_OVER, COMPARE_FAIL_UNDER, compare_gates, compare_reports
-from glm53.bench.gates import GateResult, enforce_gates, parse_limits, parse_thresholds
+from glm53.bench.gates import enforce_gates, parse_limits, parse_thresholds
 from glm53.bench.needle import NEEDLE_FAIL_UNDER, needle_gates, parse_depths, parse_sizes, run_needles
+from glm53.bench.outcome import AgentOutcome, CoherenceOutcome, GatedComparison, NeedleOutcome, RunOutcome
 from glm53.bench.plots import write_report_plots
 from glm53.bench.prompts import PromptFactory, parse_style
 from glm53.bench.render import (
@@ -57,29 +58,45 @@ from glm53.bench.runner import (
 from glm53.bench.runner import (
     check_fits as check_shapes_fit,
 )
-from glm53.bench.session import Target, check_answer_fits, checkpointer, gated_payload, measuring, resolve_api_key
-from glm53.cli.options import (
-    BackendOpt,
-    BaseUrlOpt,
-    BenchApiKeyFileOpt,
-    BenchApiKeyOpt,
-    JsonOpt,
-    ReportDirOpt,
-    ReportOnlyOpt,
-    RequestTimeoutOpt,
-    ServedEnvFileOpt,
-    ServedModelOpt,
-    ServeProfileOpt,
-)
+from glm53.bench.session import check_answer_fits, checkpointer, measuring, resolve_api_key
+from glm53.bench.target import Target
+from glm53.cli.app import App
+from glm53.cli.model_options import Flag, options_from
+from glm53.cli.options import BenchApiKeyFileOpt, BenchApiKeyOpt, FiguresOpt, JsonOpt, ProfileName, ReportOnlyOpt
 from glm53.output import Output
 
-bench_app = typer.Typer(
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from glm53.bench.backends import SplitTracker
+    from glm53.bench.gates import GateResult
+    from glm53.bench.session import Session
+
+bench_app = App(
     no_args_is_help=True,
     help="Benchmark a running server (throughput, needle recall, coherence, agent turns); compare reports.",
 )
 
-DEFAULT_OUT = Path("glm53-bench")
-DEFAULT_URL = "http://127.0.0.1:8000"
+
+def _backends(urls: list[str]) -> tuple[str, ...]:
+    return tuple(parse_backends(urls))
+
+
+# The options every measuring command takes, from the Target model: one declaration, four commands.
+TARGET_FIELDS = ("base_url", "model", "out_dir", "timeout_s", "serve_profile", "env_file")
+TARGET_FLAGS = {
+    "base_url": Flag(envvar="GLM53_BASE_URL"),
+    "out_dir": Flag("--out"),
+    "timeout_s": Flag("--timeout"),
+    "serve_profile": Flag("--profile", aliases=("-p",), type=ProfileName, metavar="NAME"),
+    "backends": Flag("--backend", metavar="URL", parse=_backends),
+}
+
+
+def target_options(command: str, *, backends: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The Target options (with --backend for the commands that split by backend); the command gets a Target."""
+    fields = (*TARGET_FIELDS, "backends") if backends else TARGET_FIELDS
+    return options_from(Target, "target", fields=fields, flags=TARGET_FLAGS, hint=f"see `glm53 bench {command} --help`")
 
 
 def _attributed(
@@ -96,10 +113,46 @@ def _attributed(
     return on
 
 
+def _measure(
+    name: str,
+    target: Target,
+    api_key: str | None,
+    api_key_file: Path | None,
+    json_out: bool,
+    *,
+    measure: Callable[[Session, Output, Callable[[Any], None]], Any],
+    gates: Callable[[Any], list[GateResult]],
+    outcome: Callable[[Any, Path, list[GateResult], Output], BaseModel],
+    render: Callable[[Console, Any], None],
+    enforce: bool = True,
+) -> tuple[Any, Path]:
+    """The steps every measuring command takes: connect and check that a report can be written, measure (the
+    section so far written after each request), add the per-backend split, gate, write the section, print the
+    outcome, exit 1 on a failed gate. Returns the section and the summary's path."""
+
+    out = Output(json_mode=json_out)
+    target = target.model_copy(update={"api_key": resolve_api_key(api_key, api_key_file)})
+    with measuring(target) as session:
+        section = measure(session, out, checkpointer(target.out_dir, session.environment, name, out.warn))
+        if session.tracker is not None:
+            section = section.model_copy(update={"backends": session.tracker.finish()})
+    results = gates(section)
+    path = write_section(target.out_dir, session.environment, **{name: section}, gates={name: results})
+    _finish(
+        out,
+        name,
+        outcome(section, path, results, out),
+        results,
+        lambda console: render(console, section),
+        enforce=enforce,
+    )
+    return section, path
+
+
 def _finish(
     out: Output,
     section: str,
-    payload: dict[str, Any],
+    result: BaseModel,
     gates: list[GateResult],
     render: Callable[[Console], None],
     *,
@@ -107,16 +160,19 @@ def _finish(
     where: str | None = None,
 ) -> None:
     """Print the result and its gates; exit 1 when a gate failed. `where` names the report the values come
-    from (default: the summary just written, payload['summary'])."""
-    payload = gated_payload(payload, gates)
-    out.result(payload, with_gates(render, gates, payload.get("summary")))
+    from (default: the summary just written, the result's `summary`)."""
+
+    summary = getattr(result, "summary", None)
+    # Valid JSON only: a value that is not a finite number is null, and `non_finite` says which.
+    out.result(json_safe(result.model_dump(mode="json")), with_gates(render, gates, summary))
     if enforce:
-        enforce_gates(section, gates, report=where or f"the report in {payload['summary']}")
+        enforce_gates(section, gates, report=where or f"the report in {summary}")
 
 
 @bench_app.command("run")
+@target_options("run", backends=True)
 def run_cmd(
-    base_url: BaseUrlOpt = DEFAULT_URL,
+    target: Target,
     shapes: Annotated[
         str | None,
         typer.Option(
@@ -136,9 +192,9 @@ def run_cmd(
             "cannot time and the engine's /metrics cannot vouch for); the rejected runs stay in the report.",
         ),
     ] = 2,
-    style: Annotated[str, typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")] = "prose",
-    model: ServedModelOpt = None,
-    out_dir: ReportDirOpt = DEFAULT_OUT,
+    style: Annotated[
+        Literal["prose", "random"], typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")
+    ] = "prose",
     fail_under: Annotated[
         str | None,
         typer.Option("--fail-under", help="Minimums, e.g. decode=45,prefill=1000 (tok/s, every shape)."),
@@ -146,74 +202,67 @@ def run_cmd(
     fail_over: Annotated[
         str | None, typer.Option("--fail-over", help="Maximums, e.g. ttft=10 (seconds, every shape).")
     ] = None,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write TTFT and decode PNGs.")] = True,
-    backends: BackendOpt = None,
-    timeout: RequestTimeoutOpt = 1800.0,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write TTFT and decode PNGs into --out.")] = True,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
-    serve_profile: ServeProfileOpt = None,
-    env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Throughput: TTFT, prefill and decode tok/s per shape, best of N, exact-length token-id prompts.
 
-    Example: glm53 bench run --base-url http://127.0.0.1:8000 --fail-under decode=45
-             glm53 bench run --base-url http://router:8100 --backend http://10.0.0.11:8000 --backend http://10.0.0.12:8000
+    Examples:
+      glm53 bench run --base-url http://127.0.0.1:8000 --fail-under decode=45
+      glm53 bench run --base-url http://lb:8100 --backend http://a:8000 --backend http://b:8000
     """
+
     prompt_style = parse_style(style)
     parsed = parse_shapes(shapes) if shapes is not None else None
-    behind = tuple(parse_backends(backends))
     under, over = parse_limits(fail_under, RUN_FAIL_UNDER, fail_over, RUN_FAIL_OVER)
-    out = Output(json_mode=json_out)
-    target = Target(
-        base_url=base_url,
-        model=model,
-        timeout_s=timeout,
-        api_key=resolve_api_key(api_key, api_key_file),
-        serve_profile=serve_profile,
-        env_file=env_file,
-        out_dir=out_dir,
-        backends=behind,
-    )
-    with measuring(target) as session:
-        if parsed is None:
-            parsed, note = fitting_shapes(session.server.max_model_len)
+
+    def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
+        chosen = parsed
+        if chosen is None:
+            chosen, note = fitting_shapes(session.server.max_model_len)
             if note is not None:
                 out.info(note)
-        check_shapes_fit(parsed, session.server.max_model_len)
-        tracker = session.tracker
+        check_shapes_fit(chosen, session.server.max_model_len)
         served = session.server.model
-        out.info(f"benchmarking {served} at {session.server.base_url}: {len(parsed)} shapes x {runs} runs")
-        with out.progress("requests", total=len(parsed) * runs) as bar:
-            section = run_benchmark(
+        out.info(f"benchmarking {served} at {session.server.base_url}: {len(chosen)} shapes x {runs} runs")
+        with out.progress("requests", total=len(chosen) * runs) as bar:
+            return run_benchmark(
                 session.client,
                 PromptFactory(session.client, served),
                 served,
-                parsed,
+                chosen,
                 runs=runs,
                 retries=retries,
                 style=prompt_style,
-                on_run=_attributed(tracker, lambda record: bar.step(run_line(record))),
+                on_run=_attributed(session.tracker, lambda record: bar.step(run_line(record))),
                 on_retry=bar.extend,
-                on_section=checkpointer(out_dir, session.environment, "run", out.warn),
+                on_section=checkpoint,
             )
-        if tracker is not None:
-            section = section.model_copy(update={"backends": tracker.finish()})
-    gates = run_gates(section, under, over)
-    path = write_section(out_dir, session.environment, run=section, gates={"run": gates})
-    written = write_report_plots(section, out_dir, warn=out.warn) if plots else []
-    payload = {
-        "summary": str(path),
-        "plots": [str(p) for p in written],
-        "run": section.model_dump(mode="json"),
-    }
-    _finish(out, "run", payload, gates, lambda console: run_tables(console, section))
+
+    def outcome(section: Any, path: Path, gates: list[GateResult], out: Output) -> BaseModel:
+        written = write_report_plots(section, target.out_dir, warn=out.warn) if plots else []
+        return RunOutcome(summary=str(path), plots=[str(p) for p in written], run=section, gates=gates)
+
+    section, path = _measure(
+        "run",
+        target,
+        api_key,
+        api_key_file,
+        json_out,
+        measure=measure,
+        gates=lambda section: run_gates(section, under, over),
+        outcome=outcome,
+        render=run_tables,
+    )
     require_valid_runs(section, path)
 
 
 @bench_app.command("needle")
+@target_options("needle")
 def needle_cmd(
-    base_url: BaseUrlOpt = DEFAULT_URL,
+    target: Target,
     sizes: Annotated[str, typer.Option("--sizes", help="Prompt sizes in tokens, comma-separated.")] = (
         "32768,131072,260096"
     ),
@@ -221,138 +270,122 @@ def needle_cmd(
         "0.05,0.25,0.5,0.75,0.95"
     ),
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=8, help="Answer budget per question.")] = 96,
-    model: ServedModelOpt = None,
-    out_dir: ReportDirOpt = DEFAULT_OUT,
     fail_under: Annotated[
         str | None,
         typer.Option("--fail-under", help="pass-rate=0.8 accepts some misses (default: all must pass)."),
     ] = None,
     report_only: ReportOnlyOpt = False,
-    timeout: RequestTimeoutOpt = 1800.0,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
-    serve_profile: ServeProfileOpt = None,
-    env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Needle recall: an exact JSON record at each depth of each prompt size, asked back verbatim.
 
-    Example: glm53 bench needle --sizes 32768,131072 --depths 0.05,0.5,0.95
+    Examples:
+      glm53 bench needle --sizes 32768,131072 --depths 0.05,0.5,0.95
+      glm53 bench needle --fail-under pass-rate=0.8 --report-only --json
     """
+
     parsed_sizes, parsed_depths = parse_sizes(sizes), parse_depths(depths)
     under = parse_thresholds(fail_under, NEEDLE_FAIL_UNDER, flag="--fail-under")
-    out = Output(json_mode=json_out)
-    target = Target(
-        base_url=base_url,
-        model=model,
-        timeout_s=timeout,
-        api_key=resolve_api_key(api_key, api_key_file),
-        serve_profile=serve_profile,
-        env_file=env_file,
-        out_dir=out_dir,
+
+    def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
+        with out.progress("needles", total=len(parsed_sizes) * len(parsed_depths)) as bar:
+            return run_needles(
+                session.client,
+                PromptFactory(session.client, session.server.model),
+                session.server.model,
+                parsed_sizes,
+                parsed_depths,
+                max_tokens=max_tokens,
+                max_model_len=session.server.max_model_len,
+                on_result=lambda result: bar.step(needle_line(result)),
+                on_section=checkpoint,
+            )
+
+    def outcome(section: Any, path: Path, gates: list[GateResult], out: Output) -> BaseModel:
+        return NeedleOutcome(summary=str(path), needle=section, pass_rate=section.pass_rate, gates=gates)
+
+    _measure(
+        "needle",
+        target,
+        api_key,
+        api_key_file,
+        json_out,
+        measure=measure,
+        gates=lambda section: needle_gates(section, under),
+        outcome=outcome,
+        render=needle_table,
+        enforce=not report_only,
     )
-    with (
-        measuring(target) as session,
-        out.progress("needles", total=len(parsed_sizes) * len(parsed_depths)) as bar,
-    ):
-        section = run_needles(
-            session.client,
-            PromptFactory(session.client, session.server.model),
-            session.server.model,
-            parsed_sizes,
-            parsed_depths,
-            max_tokens=max_tokens,
-            max_model_len=session.server.max_model_len,
-            on_result=lambda result: bar.step(needle_line(result)),
-            on_section=checkpointer(out_dir, session.environment, "needle", out.warn),
-        )
-    gates = needle_gates(section, under)
-    path = write_section(out_dir, session.environment, needle=section, gates={"needle": gates})
-    payload = {
-        "summary": str(path),
-        "needle": section.model_dump(mode="json"),
-        "pass_rate": section.pass_rate,
-    }
-    _finish(out, "needle", payload, gates, lambda console: needle_table(console, section), enforce=not report_only)
 
 
 @bench_app.command("coherence")
+@target_options("coherence")
 def coherence_cmd(
-    base_url: BaseUrlOpt = DEFAULT_URL,
+    target: Target,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", min=8, help="Token budget per answer (thinking included).")
     ] = 6144,
-    model: ServedModelOpt = None,
-    out_dir: ReportDirOpt = DEFAULT_OUT,
     report_only: ReportOnlyOpt = False,
-    timeout: RequestTimeoutOpt = 1800.0,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
-    serve_profile: ServeProfileOpt = None,
-    env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Coherence gates: 17 x 23 = 391, a get_weather call with the city, `def is_prime` with thinking off.
 
-    Example: glm53 bench coherence --base-url http://127.0.0.1:8000
+    Examples:
+      glm53 bench coherence --base-url http://127.0.0.1:8000
+      glm53 bench coherence --max-tokens 2048 --report-only --json
     """
-    out = Output(json_mode=json_out)
-    target = Target(
-        base_url=base_url,
-        model=model,
-        timeout_s=timeout,
-        api_key=resolve_api_key(api_key, api_key_file),
-        serve_profile=serve_profile,
-        env_file=env_file,
-        out_dir=out_dir,
-    )
-    with measuring(target) as session:
+
+    def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
         check_answer_fits(
             max_tokens, session.server.max_model_len, prompt_allowance=PROMPT_ALLOWANCE, flag="--max-tokens"
         )
         with out.progress("prompts", total=len(PROBES)) as bar:
-            section = run_coherence(
+            return run_coherence(
                 session.client,
                 session.server.model,
                 max_tokens=max_tokens,
                 on_result=lambda result: bar.step(coherence_line(result)),
-                on_section=checkpointer(out_dir, session.environment, "coherence", out.warn),
+                on_section=checkpoint,
             )
-    gates = coherence_gates(section)
-    path = write_section(out_dir, session.environment, coherence=section, gates={"coherence": gates})
-    payload = {"summary": str(path), "coherence": section.model_dump(mode="json")}
-    _finish(
-        out,
+
+    def outcome(section: Any, path: Path, gates: list[GateResult], out: Output) -> BaseModel:
+        return CoherenceOutcome(summary=str(path), coherence=section, gates=gates)
+
+    _measure(
         "coherence",
-        payload,
-        gates,
-        lambda console: coherence_table(console, section),
+        target,
+        api_key,
+        api_key_file,
+        json_out,
+        measure=measure,
+        gates=coherence_gates,
+        outcome=outcome,
+        render=coherence_table,
         enforce=not report_only,
     )
 
 
 @bench_app.command("agent")
+@target_options("agent", backends=True)
 def agent_cmd(
-    base_url: BaseUrlOpt = DEFAULT_URL,
+    target: Target,
     tasks: Annotated[int, typer.Option("--tasks", min=1, help="Run the first N of the 15 scripted tasks.")] = 15,
     system_tokens: Annotated[
         int, typer.Option("--system-tokens", min=0, help="Size of the shared system prompt, in tokens.")
     ] = 2048,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=2, help="Token budget per turn.")] = 1024,
-    model: ServedModelOpt = None,
-    out_dir: ReportDirOpt = DEFAULT_OUT,
     fail_under: Annotated[
         str | None, typer.Option("--fail-under", help="Minimums, e.g. cache-hit=60,decode=30 (%, tok/s).")
     ] = None,
     fail_over: Annotated[
         str | None, typer.Option("--fail-over", help="Maximums, e.g. turn-latency=10 (seconds).")
     ] = None,
-    backends: BackendOpt = None,
-    timeout: RequestTimeoutOpt = 1800.0,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
-    serve_profile: ServeProfileOpt = None,
-    env_file: ServedEnvFileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Agent turns: scripted multi-turn tool use; prefix-cache hit %, tool-call turn latency, decode tok/s.
@@ -360,63 +393,65 @@ def agent_cmd(
     Each conversation sends one stable X-Session-ID header, so a router's consistent_hash keeps its turns on
     one backend; --backend (repeatable) adds the per-backend split from the backends' own /metrics.
 
-    Example: glm53 bench agent --fail-under cache-hit=60
-             glm53 bench agent --base-url http://router:8100 --backend http://10.0.0.11:8000 --backend http://10.0.0.12:8000
+    Examples:
+      glm53 bench agent --fail-under cache-hit=60
+      glm53 bench agent --base-url http://lb:8100 --backend http://a:8000 --backend http://b:8000
     """
+
     script = load_script().first(tasks)
     under, over = parse_limits(fail_under, AGENT_FAIL_UNDER, fail_over, AGENT_FAIL_OVER)
-    behind = tuple(parse_backends(backends))
-    out = Output(json_mode=json_out)
-    target = Target(
-        base_url=base_url,
-        model=model,
-        timeout_s=timeout,
-        api_key=resolve_api_key(api_key, api_key_file),
-        serve_profile=serve_profile,
-        env_file=env_file,
-        out_dir=out_dir,
-        backends=behind,
-    )
-    with measuring(target) as session:
+
+    def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
+        served = session.server.model
         if session.server.max_model_len is not None:
-            served = session.server.model
             scripted = scripted_tokens(script, lambda text: len(session.client.tokenize(served, text)))
             check_agent_fits(system_tokens, max_tokens, session.server.max_model_len, scripted)
-        tracker = session.tracker
         with out.progress("turns", total=script.turns) as bar:
-            section = run_agent(
+            return run_agent(
                 session.client,
-                PromptFactory(session.client, session.server.model),
-                session.server.model,
+                PromptFactory(session.client, served),
+                served,
                 script=script,
                 system_tokens=system_tokens,
                 max_tokens=max_tokens,
-                on_turn=_attributed(tracker, lambda turn: bar.step(turn_line(turn)), key=lambda turn: turn.session_id),
-                on_section=checkpointer(out_dir, session.environment, "agent", out.warn),
+                on_turn=_attributed(
+                    session.tracker, lambda turn: bar.step(turn_line(turn)), key=lambda turn: turn.session_id
+                ),
+                on_section=checkpoint,
             )
-        if tracker is not None:
-            section = section.model_copy(update={"backends": tracker.finish()})
-    gates = agent_gates(section, under, over)
-    path = write_section(out_dir, session.environment, agent=section, gates={"agent": gates})
-    payload = {"summary": str(path), "agent": section.model_dump(mode="json")}
-    _finish(out, "agent", payload, gates, lambda console: agent_tables(console, section))
+
+    def outcome(section: Any, path: Path, gates: list[GateResult], out: Output) -> BaseModel:
+        return AgentOutcome(summary=str(path), agent=section, gates=gates)
+
+    section, path = _measure(
+        "agent",
+        target,
+        api_key,
+        api_key_file,
+        json_out,
+        measure=measure,
+        gates=lambda section: agent_gates(section, under, over),
+        outcome=outcome,
+        render=agent_tables,
+    )
     require_completed_turns(section, path)
 
 
 @bench_app.command("compare")
 def compare_cmd(
-    a: Annotated[Path, typer.Argument(help="Baseline report (summary.json or its directory).", show_default=False)],
+    a: Annotated[
+        Path,
+        typer.Argument(metavar="A", help="Baseline report (summary.json or its directory).", show_default=False),
+    ],
     b: Annotated[
         Path | None,
         typer.Argument(
+            metavar="B",
             help="Candidate report; without it, A is compared with the recipe's published points.",
             show_default=False,
         ),
     ] = None,
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="Recipe profile to compare with: prefill-256k or agent-256k."),
-    ] = None,
+    figures: FiguresOpt = None,
     fail_under: Annotated[
         str | None,
         typer.Option(
@@ -432,11 +467,14 @@ def compare_cmd(
 ) -> None:
     """Deltas side by side: A vs B, or (one report) the recipe vs this report; optionally a gate.
 
-    Example: glm53 bench compare glm53-bench            # vs the recipe
-             glm53 bench compare before/ after/ --fail-under decode=45
+    Examples:
+      glm53 bench compare glm53-bench
+      glm53 bench compare before/ after/ --fail-under decode=45
+      glm53 bench compare glm53-bench --figures prefill-256k --json
     """
+
     under, over = parse_limits(fail_under, COMPARE_FAIL_UNDER, fail_over, COMPARE_FAIL_OVER)
-    compared = compare_reports(a, b, profile=profile)
+    compared = compare_reports(a, b, profile=figures)
     comparison = compared.comparison
     out = Output(json_mode=json_out)
     if not under and not over:
@@ -444,11 +482,11 @@ def compare_cmd(
         out.result(json_safe(comparison.model_dump(mode="json")), lambda console: comparison_table(console, comparison))
         return
     gates = compare_gates(compared.candidate, under, over)
-    payload = {**comparison.model_dump(mode="json"), "gated": str(compared.candidate_path)}
+    gated = GatedComparison(**dict(comparison), gated=str(compared.candidate_path), gates=gates)
     _finish(
         out,
         "compare",
-        payload,
+        gated,
         gates,
         lambda console: comparison_table(console, comparison),
         where=f"the report {compared.candidate_path}",

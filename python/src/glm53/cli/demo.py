@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from glm53.cli.options import JsonOpt, PortOpt
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.output import Output
 from glm53.serve.demo import demo_start_checks, prepare_demo_model, serve_demo
-from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
 
 
 def demo_cmd(
@@ -18,8 +18,8 @@ def demo_cmd(
         Path | None,
         typer.Option(
             "--model-dir",
-            "-m",
             help="Where the tiny model lives (default: $XDG_CACHE_HOME/glm53/demo/glm53-tiny).",
+            show_default=False,
         ),
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback only).")] = DEFAULT_HOST,
@@ -39,6 +39,7 @@ def demo_cmd(
       glm53 demo --port 8001 --rebuild
       glm53 demo --prepare-only --model-dir /tmp/tiny --json
     """
+
     out = Output(json_mode=json_out)
     if not prepare_only:
         demo_start_checks(host, port)

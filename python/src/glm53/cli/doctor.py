@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
-from glm53.cli.options import HostOpt, JsonOpt, ModelDirOpt, PortOpt, ProfileOpt
+from glm53.cli.options import HostOpt, HostRootOpt, JsonOpt, ModelDirOpt, PortOpt, ProfileOpt
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.errors import CheckFailed, Unavailable
 from glm53.output import Output
-from glm53.preflight.doctor import ENGINE_LIBRARIES_CHECK, load_limits, read_facts, requirements_for, run_checks
+from glm53.preflight.doctor import (
+    ENGINE_LIBRARIES_CHECK,
+    DoctorResult,
+    load_limits,
+    read_facts,
+    requirements_for,
+    run_checks,
+)
 from glm53.preflight.render import render_report
 from glm53.recipe.profiles import DEFAULT_PROFILE, load_profile
-from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
 
 
 def doctor_cmd(
@@ -21,10 +27,7 @@ def doctor_cmd(
     model_dir: ModelDirOpt = None,
     host: HostOpt = DEFAULT_HOST,
     port: PortOpt = DEFAULT_PORT,
-    root: Annotated[
-        Path,
-        typer.Option("--root", help="Read /proc, /sys and /dev/shm under this root (a container's or a saved tree)."),
-    ] = Path("/"),
+    host_root: HostRootOpt = Path("/"),
     json_out: JsonOpt = False,
 ) -> None:
     """Check the engine's libraries, GPUs (NVML), memory, memlock, /dev/shm, THP, CPU, kernel, port, checkpoint.
@@ -39,12 +42,13 @@ def doctor_cmd(
       glm53 doctor --profile cpu-tiny --port 8001
       glm53 doctor --model-dir /models/glm53 --json
     """
+
     out = Output(json_mode=json_out)
     loaded = load_profile(profile, environ={})
-    facts = read_facts(root, host=host, port=port, model_dir=model_dir, engine=loaded.engine)
+    facts = read_facts(host_root, host=host, port=port, model_dir=model_dir, engine=loaded.engine)
     report = run_checks(facts, requirements_for(loaded), load_limits(), profile=profile)
-    payload = report.model_dump(mode="json") | {"ok": report.ok, "facts": facts.model_dump(mode="json")}
-    out.result(payload, lambda console: render_report(console, report, f"glm53 doctor — profile {profile}"))
+    result = DoctorResult(**dict(report), facts=facts)
+    out.result(result, lambda console: render_report(console, report, f"glm53 doctor — profile {profile}"))
     # vLLM's libraries only: an exllamav3 profile has no such check (its engine's checks fail as checks).
     engine = next((c for c in report.checks if c.name == ENGINE_LIBRARIES_CHECK), None)
     if engine is not None and engine.status == "fail":

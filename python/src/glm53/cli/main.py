@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
+import glm53
 from glm53.cli import (
     bench,
     demo,
@@ -26,15 +28,30 @@ from glm53.cli import (
     serve,
     systemd,
 )
+from glm53.cli.app import App
 from glm53.errors import Glm53Error
 
-app = typer.Typer(
+app = App(
     name="glm53",
     help="Lock, verify, plan, launch and benchmark GLM-5.3-Flash (EXL3) with CPU expert offload.",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"glm53 {glm53.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print glm53's version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    pass
 
 
 # One command module per noun; each adds its commands (or its group) to the app.

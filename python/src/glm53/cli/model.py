@@ -10,9 +10,10 @@ import typer
 from glm53.checkpoint.hub import download_checkpoint
 from glm53.checkpoint.hub_api import lock_from_hub
 from glm53.checkpoint.index_repair import install
-from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_lock
+from glm53.checkpoint.lock import WrittenLock, default_lock_path, lock_from_directory, write_lock
 from glm53.checkpoint.render import install_json, render_download, render_install, render_lock, render_verify
 from glm53.checkpoint.verify import verify_checkpoint
+from glm53.cli.app import App
 from glm53.cli.options import (
     ForceOpt,
     JobsOpt,
@@ -21,32 +22,38 @@ from glm53.cli.options import (
     ModelDirOpt,
     NoCacheOpt,
     RequiredModelDirOpt,
+    refuse_to_replace,
 )
 from glm53.errors import BadInput, CheckFailed
 from glm53.output import Output
 
-model_app = typer.Typer(no_args_is_help=True, help="Lock, download, verify and install a checkpoint.")
+model_app = App(no_args_is_help=True, help="Lock, download, verify and install a checkpoint.")
 
 
 @model_app.command("lock")
 def lock_cmd(
-    model_dir: ModelDirOpt = None,
-    from_hub: Annotated[
+    repo: Annotated[
         str | None,
-        typer.Option("--from-hub", metavar="REPO", help="Lock from the Hub's file metadata instead."),
+        typer.Argument(
+            metavar="REPO",
+            help="Hub repository, e.g. turboderp/GLM-5.3-Flash-exl3: without --model-dir, locked from the Hub's "
+            "file metadata (no weights downloaded); with it, recorded in the local lock.",
+            show_default=False,
+        ),
     ] = None,
+    model_dir: ModelDirOpt = None,
     revision: Annotated[
         str | None,
-        typer.Option("--revision", help="Full 40-hex commit: required with --from-hub, recorded in a local lock."),
+        typer.Option("--revision", help="Full 40-hex commit: required from the Hub, recorded in a local lock."),
     ] = None,
     out_path: Annotated[
         Path | None,
         typer.Option(
             "--out",
-            help="Lock file to write (default: MODEL_DIR/checkpoint.lock.json, or ./ with --from-hub).",
+            help="Lock file to write (default: MODEL_DIR/checkpoint.lock.json, or ./checkpoint.lock.json from the "
+            "Hub).",
         ),
     ] = None,
-    repo: Annotated[str | None, typer.Option("--repo", help="Hub repository to record (local lock).")] = None,
     jobs: JobsOpt = None,
     no_cache: NoCacheOpt = False,
     force: ForceOpt = False,
@@ -54,24 +61,26 @@ def lock_cmd(
 ) -> None:
     """Write a checkpoint lock: path, size, sha256 of every file (+ tensor count and header sha256).
 
-    From a local copy:
-    glm53 model lock --model-dir /srv/models/glm53 --repo turboderp/GLM-5.3-Flash-exl3 --revision REV
+    A local copy (--model-dir) is hashed; a Hub repository without --model-dir is locked from the Hub's file
+    metadata, without downloading weights.
 
-    From the Hub, without downloading weights:
-    glm53 model lock --from-hub turboderp/GLM-5.3-Flash-exl3 --revision REV --out glm53.lock.json
+    Examples:
+      glm53 model lock turboderp/GLM-5.3-Flash-exl3 --model-dir /srv/models/glm53 --revision REV
+      glm53 model lock turboderp/GLM-5.3-Flash-exl3 --revision REV --out glm53.lock.json
     """
+
     out = Output(json_mode=json_out)
-    if from_hub is not None:
-        if model_dir is not None or repo is not None:
-            raise BadInput("--from-hub REPO takes neither --model-dir nor --repo")
+    if model_dir is None:
+        if repo is None:
+            raise BadInput(
+                "nothing to lock", hint="pass --model-dir DIR (the checkpoint), or a Hub repository REPO --revision REV"
+            )
         if revision is None:
-            raise BadInput("--from-hub needs --revision (a full 40-hex commit)")
+            raise BadInput(f"locking {repo} from the Hub needs --revision (a full 40-hex commit)")
         target = out_path or Path("checkpoint.lock.json")
         _refuse_existing(target, force)
-        lock = lock_from_hub(from_hub, revision)
+        lock = lock_from_hub(repo, revision)
     else:
-        if model_dir is None:
-            raise BadInput("pass --model-dir DIR (the checkpoint), or --from-hub REPO --revision REV")
         target = out_path or default_lock_path(model_dir)
         _refuse_existing(target, force)
         with out.progress("hashing", in_bytes=True) as progress:
@@ -79,20 +88,23 @@ def lock_cmd(
                 model_dir, repo=repo, revision=revision, jobs=jobs, use_cache=not no_cache, progress=progress
             )
     write_lock(lock, target, force=force)
-    out.result({"lock": str(target), **lock.model_dump(mode="json")}, lambda c: render_lock(lock, target, c))
+    written = WrittenLock(**dict(lock), lock=str(target))
+    out.result(written, lambda c: render_lock(lock, target, c))
 
 
 def _refuse_existing(target: Path, force: bool) -> None:
     if target.is_dir():
         raise BadInput(f"--out {target} is a directory", hint="pass the lock file's path")
-    if target.exists() and not force:
-        raise BadInput(f"{target} already exists", hint="pass --force to replace it")
+    refuse_to_replace([target], force=force)
 
 
 @model_app.command("download")
 def download_cmd(
-    repo: Annotated[str, typer.Option("--repo", help="Hub repository, e.g. turboderp/GLM-5.3-Flash-exl3.")],
-    revision: Annotated[str, typer.Option("--revision", help="Full 40-hex commit to download.")],
+    repo: Annotated[
+        str,
+        typer.Argument(metavar="REPO", help="Hub repository, e.g. turboderp/GLM-5.3-Flash-exl3.", show_default=False),
+    ],
+    revision: Annotated[str, typer.Option("--revision", help="Full 40-hex commit to download.", show_default=False)],
     model_dir: RequiredModelDirOpt,
     lock_path: LockOpt = None,
     jobs: JobsOpt = None,
@@ -101,7 +113,12 @@ def download_cmd(
     """Download the checkpoint at a pinned revision, then verify every file against the lock.
 
     Resumable across runs: an interrupted file continues from the bytes already on disk.
+
+    Examples:
+      glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision REV --model-dir /srv/models/glm53
+      glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision REV --model-dir DIR --lock L
     """
+
     out = Output(json_mode=json_out)
     try:
         with out.progress("downloading", in_bytes=True) as progress:
@@ -131,7 +148,12 @@ def verify_cmd(
     """Check the size and sha256 of every locked file, and look for extra files.
 
     Exit 0 all good, 1 a mismatch, 2 bad input.
+
+    Examples:
+      glm53 model verify --model-dir /srv/models/glm53
+      glm53 model verify --model-dir /srv/models/glm53 --lock glm53.lock.json --no-cache --json
     """
+
     out = Output(json_mode=json_out)
     with out.progress("verifying", in_bytes=True) as progress:
         report = verify_checkpoint(model_dir, lock_path, jobs=jobs, use_cache=not no_cache, progress=progress)
@@ -152,7 +174,12 @@ def install_cmd(
     """Repair model.safetensors.index.json so it lists every tensor (kpool_aux, mtp); keeps the original.
 
     A second run changes nothing. --check exits 1 when the index is incomplete or inconsistent.
+
+    Examples:
+      glm53 model install --model-dir /srv/models/glm53
+      glm53 model install --model-dir /srv/models/glm53 --check --json
     """
+
     out = Output(json_mode=json_out)
     result = install(model_dir, check_only=check)
     out.result(install_json(result), lambda console: render_install(result, console))

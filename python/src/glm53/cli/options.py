@@ -1,33 +1,80 @@
-"""Option aliases shared by every command: one spelling and one help string per concept."""
+"""Options shared by the commands: one spelling and one help string per concept.
+
+The surface's rules (tests/test_cli_surface.py holds every command to those a test can check):
+
+- A positional argument is the file or repository the command acts on: `bench compare A [B]`, `repro diff A
+  [B]`, `router FLEET_FILE`, `plan simulate TRACE`, `repro check [REPO]`; a Hub repository is one too, as `hf
+  download` takes it (`model download turboderp/GLM-5.3-Flash-exl3`, `model lock REPO`).
+- `--model-dir` is the checkpoint directory, always an option, never shortened (`-m` would read as `--model`).
+- `--model` is the served model's name (the OpenAI "model" field), in `bench`.
+- `--profile`/`-p` is a serving profile (data/profiles): the one to serve, check or plan for, or, in `bench`,
+  the one the measured server runs. The recipe's published figures are picked with `--figures`.
+- `--host-root` reads /proc, /sys and /dev/shm under another root (a container's or a saved tree).
+- `--out` is where a command writes its result: a file, or a directory for a command that writes several
+  (`plan host`, `bench`). `--plots-dir` is where a command writes plots; `bench run --plots/--no-plots` says
+  whether it draws them at all (into its `--out`).
+- `--force` replaces an existing output file; without it the command refuses before doing any work. A bench
+  report directory is added to, a section at a time, not replaced. `--yes` answers a confirmation instead
+  (`repro resolve` edits repro.lock.json in place after showing the diff).
+- `--lock` is the lock file the command reads in place of its default: under `model` a checkpoint lock,
+  under `repro` repro.lock.json (each group has one kind).
+- `--json` prints the result on stdout as JSON: the result model's own dump.
+- Every leaf command's help ends with an `Examples:` section of command lines that run as written.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
+from glm53.errors import BadInput
 from glm53.recipe.profiles import PROFILE_NAMES
+from glm53.router.capacity import FiguresProfile
+
+if TYPE_CHECKING:
+    ProfileName = str
+else:
+    # The packaged profiles as choices: a data file added to data/profiles is a new choice.
+    ProfileName = Literal[PROFILE_NAMES]
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output file.")]
+
+
+def refuse_to_replace(paths: Iterable[Path], *, force: bool) -> None:
+    """The one overwrite policy: an output file that exists is replaced only with --force (checked before
+    any work, so that a refusal costs nothing)."""
+    if force:
+        return
+    for path in paths:
+        if path.exists() and not path.is_dir():
+            raise BadInput(f"{path} already exists", hint="pass --force to replace it")
+
+
 LockOpt = Annotated[
     Path | None,
     typer.Option("--lock", help="Checkpoint lock file (default: MODEL_DIR/checkpoint.lock.json)."),
 ]
 RevisionOpt = Annotated[str, typer.Option("--revision", help="Full 40-hex commit of the Hub repository.")]
 # The checkpoint directory, spelled the same in every command that takes one.
-ModelDirOpt = Annotated[
-    Path | None,
-    typer.Option("--model-dir", "-m", help="The checkpoint directory.", show_default=False),
-]
-RequiredModelDirOpt = Annotated[
-    Path, typer.Option("--model-dir", "-m", help="The checkpoint directory.", show_default=False)
-]
+ModelDirOpt = Annotated[Path | None, typer.Option("--model-dir", help="The checkpoint directory.", show_default=False)]
+RequiredModelDirOpt = Annotated[Path, typer.Option("--model-dir", help="The checkpoint directory.", show_default=False)]
 JobsOpt = Annotated[int | None, typer.Option("--jobs", min=1, help="Files hashed at once (default: CPUs).")]
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Hash every file, ignoring the stat cache.")]
 ReproLockOpt = Annotated[Path | None, typer.Option("--lock", help="repro.lock.json to use (default: found).")]
-ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help=f"Serving profile: {', '.join(PROFILE_NAMES)}.")]
+_PROFILE_HELP = f"Serving profile: {', '.join(PROFILE_NAMES)}."
+ProfileOpt = Annotated[ProfileName, typer.Option("--profile", "-p", metavar="NAME", help=_PROFILE_HELP)]
+# A profile that only some invocations name: what its absence means is said in each command's help.
+OptionalProfileOpt = Annotated[
+    ProfileName | None, typer.Option("--profile", "-p", metavar="NAME", help=_PROFILE_HELP, show_default=False)
+]
+HostRootOpt = Annotated[
+    Path,
+    typer.Option("--host-root", help="Read /proc, /sys and /dev/shm under this root (a container's or a saved tree)."),
+]
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (not loopback: add --listen-all).")]
 PortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")]
 ListenAllOpt = Annotated[bool, typer.Option("--listen-all", help="Allow a --host other than loopback.")]
@@ -55,51 +102,29 @@ PlanEnvOpt = Annotated[
     Path | None,
     typer.Option(
         "--plan-env",
-        help="Host plan as KEY=VALUE lines (`glm53 plan --env`); HYBRID_MAIN_CPUS pins vLLM's CPUs.",
+        help="Host plan as KEY=VALUE lines (`glm53 plan host --env`); HYBRID_MAIN_CPUS pins vLLM's CPUs.",
     ),
 ]
 
-# `glm53 bench`: the server measured, and the report written about it.
-BaseUrlOpt = Annotated[
-    str,
-    typer.Option("--base-url", envvar="GLM53_BASE_URL", help="The server's URL (OpenAI-compatible vLLM)."),
-]
-ServedModelOpt = Annotated[
-    str | None, typer.Option("--model", help="Served model name (default: the first in /v1/models).")
-]
-ReportDirOpt = Annotated[
-    Path, typer.Option("--out", help="Report directory: summary.json (+ plots) are written or updated there.")
-]
-RequestTimeoutOpt = Annotated[
-    float, typer.Option("--timeout", min=1.0, help="Seconds without data before a request is given up.")
-]
-ServeProfileOpt = Annotated[
-    str | None,
-    typer.Option("--serve-profile", help="Record this serving profile's resolved settings as the plan in force."),
-]
-# The same --env-file as serve's, seen from the benchmark: it is recorded, not applied.
-ServedEnvFileOpt = Annotated[
-    Path | None,
-    typer.Option("--env-file", help="The .env file the server was started with (recorded in the plan)."),
-]
-BackendOpt = Annotated[
-    list[str] | None,
+# `glm53 bench`: the server measured comes from glm53.bench.target.Target (cli/bench.py); these are the rest.
+ReportOnlyOpt = Annotated[bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")]
+# The recipe's published figures (data/recipe-performance.json), picked by the profile they were measured with.
+FiguresOpt = Annotated[
+    FiguresProfile | None,
     typer.Option(
-        "--backend",
-        metavar="URL",
-        help="A server behind the router at --base-url (repeatable): the report adds each one's share of the "
-        "requests and tokens and its prefix-cache hit rate, from its own /metrics.",
+        "--figures",
+        help="The recipe's figures to compare with: those measured with this profile (default: the recipe's "
+        "default profile).",
         show_default=False,
     ),
 ]
-ReportOnlyOpt = Annotated[bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")]
 
 # `glm53 systemd-unit`: the glm53 command the unit runs, and where the unit is written.
 Glm53PathOpt = Annotated[
     Path | None,
     typer.Option(
         "--glm53",
-        help="The glm53 executable the unit runs (default: the one on PATH); vLLM is taken from its directory.",
+        help="The glm53 executable the unit runs (default: this one); vLLM is taken from its directory.",
         show_default=False,
     ),
 ]
@@ -130,7 +155,9 @@ BenchApiKeyFileOpt = Annotated[
 FleetFileArg = Annotated[
     Path,
     typer.Argument(
-        help="Fleet file (TOML or JSON): backends, policy, limits (see docs/router.md).", show_default=False
+        metavar="FLEET_FILE",
+        help="Fleet file (TOML or JSON): backends, policy, limits (see docs/router.md).",
+        show_default=False,
     ),
 ]
 SkipProbeOpt = Annotated[

@@ -1,32 +1,42 @@
-"""`glm53 plan`: plan the expert pools, KV and CPU sets for this host; `plan simulate`; `plan trace synth`."""
+"""`glm53 plan`: `plan host` plans the expert pools, KV and CPU sets for a host; `plan simulate`; `plan trace synth`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt, RigOpt
+from glm53.cli.app import App
+from glm53.cli.model_options import Flag, flag_name, flags_of, options_from
+from glm53.cli.options import (
+    ForceOpt,
+    HostRootOpt,
+    JsonOpt,
+    ModelDirOpt,
+    OptionalProfileOpt,
+    RigOpt,
+    refuse_to_replace,
+)
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json
 from glm53.host.rig import load_rig
+from glm53.host.topology import format_cpu_list
 from glm53.output import Output
 from glm53.plan.checkpoint_facts import model_facts
 from glm53.plan.comparison import compare_policies, parse_budgets, trace_cost_model
-from glm53.plan.env import check_out_dir, env_lines, save_plan
+from glm53.plan.env import RANKINGS_FILENAME, check_out_dir, env_lines, save_plan
 from glm53.plan.exl3 import plan_exl3_for_host
-from glm53.plan.exl3_save import PLACEMENT_LEARN_FRACTION, finish_exl3_plan
+from glm53.plan.exl3_save import PLACEMENT_LEARN_FRACTION, SPLIT_STATS_FILENAME, finish_exl3_plan
 from glm53.plan.finite import require_finite
 from glm53.plan.planner import plan_for_host
-from glm53.plan.plots import plot_miss_ratio_curves
+from glm53.plan.plots import CURVES_PNG, POLICIES_PNG, plot_miss_ratio_curves
 from glm53.plan.render import render_comparison, render_exl3_plan, render_plan, render_synthetic_trace
 from glm53.plan.rig import target_from_options
-from glm53.plan.shape import serving_shape
-from glm53.plan.sizes import gpus_from_sizes
+from glm53.plan.shape import ServingShape, serving_shape
+from glm53.plan.sizes import gpus_from_sizes, parse_size
+from glm53.plan.trace_spec import SynthesizedTrace, SyntheticTraceSpec, format_shifts
 from glm53.plan.traces import (
-    SyntheticTraceSpec,
     parse_layers,
     parse_shifts,
     read_routing_stats,
@@ -37,19 +47,56 @@ from glm53.plan.traces import (
 )
 from glm53.recipe.profiles import load_profile
 
-plan_app = typer.Typer(
+plan_app = App(
     name="plan",
     help="Plan GPU expert slots, KV, host pools and CPU sets; simulate cache policies on routing traces.",
-    invoke_without_command=True,
-    no_args_is_help=False,
+    no_args_is_help=True,
 )
-trace_app = typer.Typer(name="trace", help="Routing traces: make synthetic ones.", no_args_is_help=True)
+trace_app = App(name="trace", help="Routing traces: make synthetic ones.", no_args_is_help=True)
 plan_app.add_typer(trace_app)
 
 
-@plan_app.callback()
-def plan(
-    ctx: typer.Context,
+def _kv_cache_memory(text: str) -> int | None:
+    return None if text == "derive" else parse_size(text, flag="--kv-cache-memory", positive=True)
+
+
+def _gpu_workspace(text: str) -> int:
+    return parse_size(text, flag="--gpu-workspace")
+
+
+# The serving shape's options, in the order --help lists them; each default is ServingShape's (the recipe's).
+SHAPE_FIELDS = (
+    "tensor_parallel_size",
+    "max_model_len",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "gpu_workspace_bytes",
+    "pool_threads",
+)
+SHAPE_FLAGS = {
+    "tensor_parallel_size": Flag("--tp"),
+    "kv_cache_memory_bytes": Flag("--kv-cache-memory", type=str, parse=_kv_cache_memory, metavar="SIZE|derive"),
+    "gpu_workspace_bytes": Flag(
+        "--gpu-workspace", type=str, parse=_gpu_workspace, metavar="SIZE", default_text="the estimate"
+    ),
+    "pool_threads": Flag(default_text="no cap"),
+}
+SHAPE_FLAG_NAMES = {field: flag_name(field, SHAPE_FLAGS) for field in SHAPE_FIELDS}
+# What an exllamav3 profile's plan takes of the shape; the rest are vLLM's.
+EXL3_SHAPE_FIELDS = ("max_model_len", "max_num_seqs", "pool_threads")
+
+
+@plan_app.command("host")
+@options_from(
+    ServingShape,
+    "shape",
+    fields=SHAPE_FIELDS,
+    flags=SHAPE_FLAGS,
+    given_only="the --profile's value, else {default}",
+)
+def host_cmd(
     model_dir: ModelDirOpt = None,
     stats: Annotated[Path | None, typer.Option("--stats", help="Routing trace (JSONL) or counts (JSON).")] = None,
     gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Memory of each GPU: 24GiB,24GiB.")] = None,
@@ -67,32 +114,8 @@ def plan(
             "and /CORES_PER_L3 after, e.g. 32cx2t/8 (32 cores, 2 threads each, 8 cores per L3).",
         ),
     ] = None,
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="Serving profile to read the values below from (e.g. agent-256k)."),
-    ] = None,
-    tp: Annotated[int | None, typer.Option("--tp", min=1, help="TENSOR_PARALLEL_SIZE [recipe: 2].")] = None,
-    max_model_len: Annotated[
-        int | None, typer.Option("--max-model-len", min=1, help="MAX_MODEL_LEN [recipe: 262144].")
-    ] = None,
-    kv_cache_memory: Annotated[
-        str | None,
-        typer.Option(
-            "--kv-cache-memory",
-            help="KV_CACHE_MEMORY_BYTES per GPU; 'derive' sizes it for the context [recipe: 3328599040].",
-        ),
-    ] = None,
-    utilization: Annotated[
-        float | None,
-        typer.Option("--gpu-memory-utilization", min=0.05, max=1.0, help="GPU_MEMORY_UTILIZATION [recipe: 0.94]."),
-    ] = None,
-    batched: Annotated[
-        int | None,
-        typer.Option("--max-num-batched-tokens", min=1, help="MAX_NUM_BATCHED_TOKENS [recipe: 8192]."),
-    ] = None,
-    seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="MAX_NUM_SEQS [recipe: 1].")] = None,
-    workspace: Annotated[str | None, typer.Option("--gpu-workspace", help="Override the workspace estimate.")] = None,
-    pool_threads: Annotated[int | None, typer.Option("--pool-threads", min=0, help="Cap on CPU pool threads.")] = None,
+    profile: OptionalProfileOpt = None,
+    shape: dict[str, Any] | None = None,
     bandwidth: Annotated[Path | None, typer.Option("--bandwidth", help="`glm53 probe --json` output.")] = None,
     learn_fraction: Annotated[
         float | None,
@@ -102,44 +125,41 @@ def plan(
             show_default=False,
         ),
     ] = None,
-    host_root: Annotated[
-        Path, typer.Option("--host-root", help="Read /proc and /sys under this root.", hidden=True)
-    ] = Path("/"),
+    host_root: HostRootOpt = Path("/"),
     env: Annotated[bool, typer.Option("--env", help="Print KEY=VALUE lines for the entrypoint.")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.env and rankings here.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Directory to write plan.json, plan.env and the rankings into.")
+    ] = None,
+    force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
     """Plan for this host, or for a rig it is not (--rig, --ram, --cpus, --gpu-memory).
 
-    Model facts come from --model-dir, else the published ones. Profile values come from the flags, else from
+    Model facts come from --model-dir, else the published ones. Serving values come from the flags, else from
     --profile, else the recipe's. An exllamav3 profile (exl3-*) gets the ExLlamaV3 plan: the layer split over
     the GPUs, the routed experts on the CPU (split or whole-layer offload), the host RAM and the predicted
     decode rate; with a routing trace, static against dynamic expert placement.
 
     Examples:
-      glm53 plan --rig recipe-2x3090
-      glm53 plan --gpu-memory 24GiB,24GiB --ram 128GiB --cpus 32cx2t/8
-      glm53 plan --profile exl3-2x3090 --rig recipe-2x3090
-      glm53 plan --profile exl3-1gpu --rig one-3090 --stats routing.jsonl --out plan/
+      glm53 plan host --rig recipe-2x3090
+      glm53 plan host --gpu-memory 24GiB,24GiB --ram 128GiB --cpus 32cx2t/8
+      glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090
+      glm53 plan host --profile exl3-1gpu --rig one-3090 --stats routing.jsonl --out plan/
     """
-    if ctx.invoked_subcommand is not None:
-        return
+    given = shape or {}
+    if env and json_mode:
+        raise BadInput("--env and --json both print to stdout: choose one")
     if profile is not None and _engine(profile) == "exllamav3":
-        vllm_only = {
-            "--tp": tp,
-            "--kv-cache-memory": kv_cache_memory,
-            "--gpu-memory-utilization": utilization,
-            "--max-num-batched-tokens": batched,
-            "--gpu-workspace": workspace,
-            "--bandwidth": bandwidth,
-            "--ram": ram,
-            "--cpus": cpus,
-        }
-        given = [flag for flag, value in vllm_only.items() if value is not None]
-        if given:
+        vllm_only = [
+            SHAPE_FLAG_NAMES[field] for field in SHAPE_FIELDS if field in given and field not in EXL3_SHAPE_FIELDS
+        ]
+        vllm_only += [
+            flag for flag, value in (("--bandwidth", bandwidth), ("--ram", ram), ("--cpus", cpus)) if value is not None
+        ]
+        if vllm_only:
             raise BadInput(
-                f"{', '.join(given)}: vLLM plan options; profile {profile} runs on exllamav3",
-                hint="see `glm53 plan --help`; the ExLlamaV3 plan takes --rig, --gpu-memory, --max-model-len, "
+                f"{', '.join(vllm_only)}: vLLM plan options; profile {profile} runs on exllamav3",
+                hint="see `glm53 plan host --help`; the ExLlamaV3 plan takes --rig, --gpu-memory, --max-model-len, "
                 "--max-num-seqs, --pool-threads, --stats, --out",
             )
         _plan_exl3(
@@ -148,35 +168,27 @@ def plan(
             rig=rig,
             stats=stats,
             gpus=(gpu_memory, gpus, gpu),
-            overrides={"max_model_len": max_model_len, "max_num_seqs": seqs, "pool_threads": pool_threads},
+            overrides={field: given.get(field) for field in EXL3_SHAPE_FIELDS},
             learn_fraction=learn_fraction,
             host_root=host_root,
             env=env,
             out=out,
+            force=force,
             json_mode=json_mode,
         )
         return
 
     output = Output(json_mode=json_mode)
-    if env and json_mode:
-        raise BadInput("--env and --json both print to stdout: choose one")
     if out is not None:
         check_out_dir(out)
+        refuse_to_replace(_plan_files(out, RANKINGS_FILENAME if stats is not None else None), force=force)
     target = target_from_options(rig, ram, cpus)
-    shape = serving_shape(
-        profile,
-        tensor_parallel_size=tp,
-        max_model_len=max_model_len,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
-        gpu_memory_utilization=utilization,
-        pool_threads=pool_threads,
-        kv_cache_memory=kv_cache_memory,
-        gpu_workspace=workspace,
-    )
+    source = f"profile {profile}" if profile is not None else "the recipe's values"
+    with flags_of(SHAPE_FLAG_NAMES, given=list(given), source=source, hint="see `glm53 plan host --help`"):
+        serving = serving_shape(profile, given)
     saved = save_plan(
         plan_for_host(
-            shape,
+            serving,
             model_dir=model_dir,
             stats_path=stats,
             gpus=gpus_from_sizes(gpu_memory, gpus, gpu),
@@ -199,6 +211,11 @@ def plan(
     output.result(saved.plan, lambda console: render_plan(saved.plan, console, saved.env))
 
 
+def _plan_files(out: Path, extra: str | None) -> list[Path]:
+    """The files a plan writes into --out: plan.json, plan.env and, from a routing trace, one more."""
+    return [out / "plan.json", out / "plan.env", *([out / extra] if extra else [])]
+
+
 def _engine(profile: str) -> str:
     return load_profile(profile).engine
 
@@ -215,14 +232,15 @@ def _plan_exl3(
     host_root: Path,
     env: bool,
     out: Path | None,
+    force: bool,
     json_mode: bool,
 ) -> None:
-    """`glm53 plan --profile exl3-*`: the ExLlamaV3 planner, its tables and files."""
+    """`glm53 plan host --profile exl3-*`: the ExLlamaV3 planner, its tables and files."""
+
     output = Output(json_mode=json_mode)
-    if env and json_mode:
-        raise BadInput("--env and --json both print to stdout: choose one")
     if out is not None:
         check_out_dir(out)
+        refuse_to_replace(_plan_files(out, SPLIT_STATS_FILENAME if stats is not None else None), force=force)
     described = load_rig(rig) if rig is not None else None
     given_gpus = gpus_from_sizes(*gpus)
     routing = read_routing_stats(stats) if stats is not None else None
@@ -251,7 +269,7 @@ def _plan_exl3(
 
 @plan_app.command("simulate")
 def simulate(
-    traces: Annotated[Path, typer.Option("--traces", help="Routing trace (JSONL or .npz).")],
+    traces: Annotated[Path, typer.Argument(metavar="TRACE", help="Routing trace (JSONL or .npz).", show_default=False)],
     budgets: Annotated[
         str, typer.Option("--budgets", help="GPU slot budgets as fractions of all experts.")
     ] = "0.08,0.17,0.33",
@@ -261,7 +279,9 @@ def simulate(
     workers: Annotated[
         int | None, typer.Option("--workers", min=1, help="Processes (default: every allowed CPU).")
     ] = None,
-    plots: Annotated[Path | None, typer.Option("--plots", help="Write miss-ratio curve PNGs here.")] = None,
+    plots_dir: Annotated[
+        Path | None, typer.Option("--plots-dir", help="Directory to write the miss-ratio curve PNGs into.")
+    ] = None,
     drift: Annotated[
         str,
         typer.Option(
@@ -272,19 +292,26 @@ def simulate(
     ] = "0.5:1,0.15:1,0.5:0.5",
     drift_seed: Annotated[int, typer.Option("--drift-seed", min=0, help="Seed of the drift permutations.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Write the report JSON here.")] = None,
+    force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
     """Replay a trace through uniform LRU, the recipe's 20%-pinned LRU, the planned split and Belady's MIN.
 
-    glm53 plan simulate --traces routing.jsonl --plots plots/
+    Examples:
+      glm53 plan simulate routing.jsonl --plots-dir plots/
+      glm53 plan simulate routing.jsonl --drift none --out report.json --json
     """
+
     output = Output(json_mode=json_mode)
     fractions = parse_budgets(budgets)
     scenarios = parse_shifts(drift, flag="--drift")
     if out is not None and out.is_dir():
         raise BadInput(f"--out {out} is a directory", hint="give the report file's path, e.g. --out report.json")
-    if plots is not None:
-        check_out_dir(plots, what="--plots")
+    if out is not None:
+        refuse_to_replace([out], force=force)
+    if plots_dir is not None:
+        check_out_dir(plots_dir, what="--plots-dir")
+        refuse_to_replace([plots_dir / CURVES_PNG, plots_dir / POLICIES_PNG], force=force)
     trace = read_trace(traces)
     cost = trace_cost_model(trace, tensor_parallel_size=tp, bandwidth_path=bandwidth)
     with output.progress("learning") as bar:
@@ -303,73 +330,50 @@ def simulate(
     if out is not None:
         atomic_write_json(out, result.model_dump(mode="json"))
         output.info(f"wrote {out}")
-    if plots is not None:
-        written = plot_miss_ratio_curves(trace, plots, learn_fraction=learn_fraction, report=result)
-        output.info(f"wrote {len(written)} plots to {plots}")
+    if plots_dir is not None:
+        written = plot_miss_ratio_curves(trace, plots_dir, learn_fraction=learn_fraction, report=result)
+        output.info(f"wrote {len(written)} plots to {plots_dir}")
     output.result(result, lambda console: render_comparison(result, console))
 
 
+SYNTH_FIELDS = ("steps", "layers", "experts", "top_k", "locality", "skew_min", "skew_max", "seed", "shifts")
+SYNTH_FLAGS = {
+    "layers": Flag(type=str, parse=parse_layers, show=format_cpu_list),
+    "shifts": Flag("--shift", type=str, parse=parse_shifts, show=format_shifts),
+}
+
+
 @trace_app.command("synth")
+@options_from(
+    SyntheticTraceSpec, "spec", fields=SYNTH_FIELDS, flags=SYNTH_FLAGS, hint="see `glm53 plan trace synth --help`"
+)
 def synth(
-    out: Annotated[Path, typer.Option("--out", help="Trace file to write (JSONL; binary numpy if it ends in .npz).")],
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Decode steps (tokens).")] = 20_000,
-    layers: Annotated[str, typer.Option("--layers", help="MoE layer ids, list format.")] = "3-44",
-    experts: Annotated[int, typer.Option("--experts", min=1, help="Routed experts per layer.")] = 288,
-    top_k: Annotated[int, typer.Option("--top-k", min=1, help="Experts per token and layer.")] = 8,
-    locality: Annotated[
-        float,
-        typer.Option("--locality", min=0.0, max=0.99, help="Chance a slot repeats the previous step's expert."),
-    ] = 0.3,
-    skew_min: Annotated[float, typer.Option("--skew-min", min=0.0, help="Smallest per-layer Zipf skew.")] = 0.4,
-    skew_max: Annotated[float, typer.Option("--skew-max", min=0.0, help="Largest per-layer Zipf skew.")] = 1.2,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same trace).")] = 0,
-    shift: Annotated[
-        str,
-        typer.Option(
-            "--shift",
-            help="Popularity shifts AT:STRENGTH[,...]: from AT (share of the steps) on, a STRENGTH share of "
-            "each layer's experts swap popularity (1 = fully re-permuted).",
-        ),
-    ] = "none",
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Trace file to write (JSONL; binary numpy if it ends in .npz).", show_default=False),
+    ],
+    spec: SyntheticTraceSpec,
     counts: Annotated[Path | None, typer.Option("--counts", help="Also write the counts file here.")] = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
     """Write a synthetic routing trace: per-layer Zipf popularity, temporal locality, top-k routing.
 
-    glm53 plan trace synth --out routing.jsonl --steps 20000 --locality 0.3
+    Examples:
+      glm53 plan trace synth --out routing.jsonl --steps 20000 --locality 0.3
+      glm53 plan trace synth --out drift.npz --shift 0.5:1 --seed 7
     """
+
     output = Output(json_mode=json_mode)
     for path, flag in ((out, "--out"), (counts, "--counts")):
         if path is not None and path.is_dir():
             raise BadInput(f"{flag} {path} is a directory", hint=f"give {flag} the path of the file to write")
-        if path is not None and path.exists() and not force:
-            raise BadInput(f"{path} already exists", hint="pass --force to replace it")
-    given = {
-        "layers": parse_layers(layers),
-        "experts": experts,
-        "top_k": top_k,
-        "steps": steps,
-        "locality": locality,
-        "skew_min": skew_min,
-        "skew_max": skew_max,
-        "seed": seed,
-        "shifts": parse_shifts(shift),
-    }
-    try:
-        spec = SyntheticTraceSpec.model_validate(given)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else ""
-        flag = "--" + field.replace("_", "-")
-        raise BadInput(
-            f"{flag} {given.get(field)!r}: {error['msg']}", hint="see `glm53 plan trace synth --help`"
-        ) from exc
+    refuse_to_replace([out, *([counts] if counts is not None else [])], force=force)
     trace = synthesize_trace(spec)
     write_trace(out, trace)
     if counts is not None:
         write_counts(counts, trace.to_counts())
-    summary = {"trace": str(out), "counts": str(counts) if counts else None, **spec.model_dump(mode="json")}
+    summary = SynthesizedTrace(**spec.model_dump(), trace=str(out), counts=str(counts) if counts else None)
     output.result(summary, lambda console: render_synthetic_trace(out, spec, console))
 
 

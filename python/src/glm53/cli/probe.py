@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from glm53.cli.options import JsonOpt
+from glm53.cli.options import ForceOpt, JsonOpt, refuse_to_replace
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json
 from glm53.host.probe import timed_probe
@@ -21,15 +21,21 @@ def probe(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Copies timed per memory kind.")] = 50,
     device: Annotated[int, typer.Option("--device", min=0, help="CUDA device index.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON report here.")] = None,
+    force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
     """Host->device bandwidth from pinned, pageable and mapped (UVA) memory at expert-sized blocks.
 
-    glm53 probe --json > probe.json && glm53 plan --bandwidth probe.json
+    Examples:
+      glm53 probe --out probe.json
+      glm53 probe --device 1 --repeats 100 --json
     """
+
     output = Output(json_mode=json_mode)
     if out is not None and out.is_dir():
         raise BadInput(f"--out {out} is a directory", hint="give the report file's path, e.g. --out probe.json")
+    if out is not None:
+        refuse_to_replace([out], force=force)
     report, seconds = timed_probe(block_bytes, repeats, device)
     require_finite(report.model_dump(mode="json"), what="the probe report")
     if out is not None:

@@ -12,14 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from glm53.cli.app import App
 from glm53.cli.options import EnvFileOpt, HostOpt, JsonOpt, ListenAllOpt, PortOpt, ProfileOpt, SetOpt
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.output import Output
 from glm53.recipe.profiles import DEFAULT_PROFILE, PROFILE_NAMES, load_profile
-from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
 from glm53.serve.render import render_settings
-from glm53.serve.resolve import ServeRequest, resolve_launch
+from glm53.serve.resolve import ProfileCheck, ProfileSummary, ServeRequest, resolve_launch
 
-profile_app = typer.Typer(help="List and check serving profiles.", no_args_is_help=True)
+profile_app = App(help="List and check serving profiles.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -28,9 +29,17 @@ def register(app: typer.Typer) -> None:
 
 @profile_app.command("list")
 def list_profiles(json_out: JsonOpt = False) -> None:
-    """The packaged profiles and what each is for."""
+    """The packaged profiles and what each is for.
+
+    Examples:
+      glm53 profile list
+      glm53 profile list --json
+    """
+
     rows = [
-        {"name": name, "default": name == DEFAULT_PROFILE, "description": load_profile(name, environ={}).description}
+        ProfileSummary(
+            name=name, default=name == DEFAULT_PROFILE, description=load_profile(name, environ={}).description
+        )
         for name in PROFILE_NAMES
     ]
 
@@ -39,10 +48,10 @@ def list_profiles(json_out: JsonOpt = False) -> None:
         table.add_column("name")
         table.add_column("description")
         for row in rows:
-            table.add_row(str(row["name"]) + (" (default)" if row["default"] else ""), str(row["description"]))
+            table.add_row(row.name + (" (default)" if row.default else ""), row.description)
         console.print(table)
 
-    Output(json_mode=json_out).result(rows, render)
+    Output(json_mode=json_out).result([row.model_dump(mode="json") for row in rows], render)
 
 
 @profile_app.command("check")
@@ -63,7 +72,12 @@ def check(
 
     The NixOS module runs it at build time on the settings it renders: a bad key, value or address fails the
     system build, not the service start.
+
+    Examples:
+      glm53 profile check --profile agent-256k --set MAX_MODEL_LEN=131072
+      glm53 profile check --profile exl3-2x3090 --env-file my.env --json
     """
+
     req = ServeRequest(
         profile=profile,
         env_file=env_file,
@@ -73,15 +87,7 @@ def check(
         listen_all=listen_all,
     )
     launch = resolve_launch(req, plan_here=False, need_model=False, environ=None if use_environment else {})
-    rows = [
-        {"key": s.key, "value": s.value, "origin": s.origin, "source": s.source}
-        for s in launch.profile.settings.values()
-    ]
-    payload = {
-        "profile": profile,
-        "valid": True,
-        "settings": rows,
-        "argv": launch.spec.argv,
-        "plan": launch.plan.model_dump(mode="json"),
-    }
-    Output(json_mode=json_out).result(payload, lambda console: render_settings(console, launch))
+    result = ProfileCheck(
+        profile=profile, settings=list(launch.profile.settings.values()), argv=launch.spec.argv, plan=launch.plan
+    )
+    Output(json_mode=json_out).result(result, lambda console: render_settings(console, launch))

@@ -43,18 +43,22 @@ def command_paths(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[st
                 yield from command_paths(sub, (*path, name))
 
 
+def help_text(app: typer.Typer, path: tuple[str, ...], runner: CliRunner | None = None) -> str:
+    """`glm53 PATH --help` as the reference shows it: WIDTH columns, no colour, trailing spaces removed."""
+    env = {"TERMINAL_WIDTH": str(WIDTH), "COLUMNS": str(WIDTH), "NO_COLOR": "1", "_TYPER_FORCE_DISABLE_TERMINAL": "1"}
+    result = (runner or CliRunner()).invoke(app, [*path, "--help"], env=env, prog_name="glm53")
+    if result.exit_code != 0:
+        raise RuntimeError(f"glm53 {' '.join(path)} --help failed: {result.output}")
+    return "\n".join(line.rstrip() for line in result.output.strip("\n").splitlines())
+
+
 def render_reference(app: typer.Typer) -> str:
     root = typer.main.get_command(app)
     runner = CliRunner()
-    env = {"TERMINAL_WIDTH": str(WIDTH), "COLUMNS": str(WIDTH), "NO_COLOR": "1", "_TYPER_FORCE_DISABLE_TERMINAL": "1"}
     sections = [HEADER]
     for path in command_paths(root):
-        result = runner.invoke(app, [*path, "--help"], env=env, prog_name="glm53")
-        if result.exit_code != 0:
-            raise RuntimeError(f"glm53 {' '.join(path)} --help failed: {result.output}")
         title = " ".join(("glm53", *path))
-        body = "\n".join(line.rstrip() for line in result.output.strip("\n").splitlines())
-        sections.append(f"## `{title}`\n\n```text\n{body}\n```\n")
+        sections.append(f"## `{title}`\n\n```text\n{help_text(app, path, runner)}\n```\n")
     return "\n".join(sections)
 
 

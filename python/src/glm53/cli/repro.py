@@ -10,14 +10,15 @@ from typing import Annotated
 
 import typer
 
-from glm53.cli.options import JsonOpt, ReproLockOpt
+from glm53.cli.app import App
+from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt, OptionalProfileOpt, ReproLockOpt, refuse_to_replace
 from glm53.errors import BadInput, CheckFailed
 from glm53.host.facts import read_host_facts
 from glm53.output import Output
 from glm53.preflight.doctor import audit_host, limits_from_lock
 from glm53.preflight.render import render_report
 from glm53.recipe.pins import find_repro_lock, load_repro_lock, repro_lock_sha256
-from glm53.repro import audit_build, check_repo
+from glm53.repro import PinsInForce, audit_build, check_repo
 from glm53.repro.image import compare_image_tarballs, stream_image_twice
 from glm53.repro.manifest import build_manifest, diff_against_lock, diff_manifests, load_manifest, write_manifest
 from glm53.repro.render import (
@@ -27,9 +28,9 @@ from glm53.repro.render import (
     render_manifest_diff,
     render_pins,
 )
-from glm53.repro.resolve import describe_fetches, pending_pins, plan_resolution, write_resolution
+from glm53.repro.resolve import ResolvePreview, describe_fetches, pending_pins, plan_resolution, write_resolution
 
-repro_app = typer.Typer(help="Audit the repository, builds and hosts against repro.lock.json.", no_args_is_help=True)
+repro_app = App(help="Audit the repository, builds and hosts against repro.lock.json.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -38,27 +39,43 @@ def register(app: typer.Typer) -> None:
 
 @repro_app.command("show")
 def show(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
-    """Print the pins in force and the lock's sha256."""
+    """Print the pins in force and the lock's sha256.
+
+    Examples:
+      glm53 repro show
+      glm53 repro show --lock repro.lock.json --json
+    """
+
     path = lock_path or find_repro_lock(Path.cwd())
     lock = load_repro_lock(path)
     sha256 = repro_lock_sha256(path)
-    payload = {"path": str(path), "sha256": sha256, "lock": lock.model_dump(mode="json"), "unpinned": lock.unpinned()}
-    Output(json_mode=json_out).result(payload, lambda console: render_pins(lock, str(path), sha256, console))
+    result = PinsInForce(path=str(path), sha256=sha256, lock=lock, unpinned=lock.unpinned())
+    Output(json_mode=json_out).result(result, lambda console: render_pins(lock, str(path), sha256, console))
 
 
 @repro_app.command("check")
 def check(
-    root: Annotated[Path, typer.Option("--root", help="Repository root.")] = Path("."),
+    root: Annotated[
+        Path,
+        typer.Argument(
+            metavar="REPO", help="The repository to check (default: the current directory).", show_default=False
+        ),
+    ] = Path("."),
     release: Annotated[bool, typer.Option("--release", help="Also fail while any pin is unset.")] = False,
     lock_path: ReproLockOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Check the repository against the lock: flake.lock, Makefile, profiles, README, tracked files."""
+    """Check the repository against the lock: flake.lock, Makefile, profiles, README, tracked files.
+
+    Examples:
+      glm53 repro check
+      glm53 repro check ~/src/glm53 --release --json
+    """
+
     lock = load_repro_lock(lock_path or (root / "repro.lock.json"))
     result = check_repo(root.resolve(), lock, release=release)
-    payload = {"ok": result.ok, **result.model_dump(mode="json")}
     Output(json_mode=json_out).result(
-        payload, lambda console: render_findings("repository vs lock", result.findings, console)
+        result, lambda console: render_findings("repository vs lock", result.findings, console)
     )
     if not result.ok:
         raise CheckFailed("the repository disagrees with repro.lock.json", hint="see the fix column")
@@ -66,12 +83,23 @@ def check(
 
 @repro_app.command("audit-build")
 def audit_build_cmd(
-    installable: Annotated[str, typer.Argument(help="Flake output (.#glm53) or, with --file, an attribute.")] = "",
+    installable: Annotated[
+        str,
+        typer.Argument(
+            metavar="INSTALLABLE", help="Flake output (.#glm53) or, with --file, an attribute.", show_default=False
+        ),
+    ] = "",
     file: Annotated[Path | None, typer.Option("--file", help="Build from this Nix file (nix build -f).")] = None,
     nix_arg: Annotated[list[str] | None, typer.Option("--nix-arg", help="Extra argument for nix build.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Build an output twice and compare bit for bit; exit 1 when the rebuild differs."""
+    """Build an output twice and compare bit for bit; exit 1 when the rebuild differs.
+
+    Examples:
+      glm53 repro audit-build .#glm53
+      glm53 repro audit-build glm53 --file default.nix --json
+    """
+
     extra = [*(["-f", str(file)] if file else []), *(nix_arg or [])]
     if not installable and file is None:
         raise BadInput("nothing to audit", hint="name a flake output (e.g. .#glm53) or pass --file FILE")
@@ -89,11 +117,15 @@ def audit_host_cmd(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) ->
     """Compare this host's GPUs, driver and memory with the hardware the recipe was validated on.
 
     The same checks as `glm53 doctor`, with the validated GPU count, model and system memory from the lock.
+
+    Examples:
+      glm53 repro audit-host
+      glm53 repro audit-host --json
     """
+
     limits = limits_from_lock(load_repro_lock(lock_path))
     report = audit_host(read_host_facts(engine_libraries=None), limits)
-    payload = {"ok": report.ok, **report.model_dump(mode="json")}
-    Output(json_mode=json_out).result(payload, lambda console: render_report(console, report, "host vs lock"))
+    Output(json_mode=json_out).result(report, lambda console: render_report(console, report, "host vs lock"))
     if not report.ok:
         names = ", ".join(c.name for c in report.failures)
         raise CheckFailed(f"this host differs from the validated hardware: {names}", hint="see the fix column")
@@ -117,7 +149,12 @@ def resolve_cmd(
     `--update tabbyapi`, the newest commit of its upstream's default branch, its hash and date.
     Asks the upstream git server (a network fetch); shows the diff, then asks before writing (or --yes).
     Exit 3 when a server cannot be reached: nothing is written.
+
+    Examples:
+      glm53 repro resolve --dry-run
+      glm53 repro resolve --update tabbyapi --yes
     """
+
     path = lock_path or find_repro_lock(Path.cwd())
     if path is None:
         raise BadInput("repro.lock.json not found", hint="pass --lock FILE")
@@ -125,9 +162,8 @@ def resolve_cmd(
     pending = pending_pins(load_repro_lock(path), update=updates)
     out = Output(json_mode=json_out)
     if dry_run or not pending:
-        payload = {"lock": str(path), "would_fetch": [p.model_dump() for p in pending], "written": False}
         out.result(
-            payload,
+            ResolvePreview(lock=str(path), would_fetch=pending),
             lambda console: console.print(
                 ("would fetch: " + describe_fetches(pending)) if pending else "every source pin is resolved"
             ),
@@ -148,14 +184,22 @@ def resolve_cmd(
 
 @repro_app.command("audit-image")
 def audit_image_cmd(
-    installable: Annotated[str, typer.Argument(help="The image output to build and stream twice.")] = ".#image",
+    installable: Annotated[
+        str, typer.Argument(metavar="INSTALLABLE", help="The image output to build and stream twice.")
+    ] = ".#image",
     tarball: Annotated[
         list[Path] | None, typer.Option("--tarball", help="Compare these two image tarballs instead (twice).")
     ] = None,
     keep: Annotated[Path | None, typer.Option("--keep", help="Stream the two tarballs into this directory.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Stream the image twice (or take two tarballs): same sha256, same layers; exit 1 naming the first difference."""
+    """Stream the image twice (or take two tarballs): same sha256, same layers; exit 1 naming the first difference.
+
+    Examples:
+      glm53 repro audit-image
+      glm53 repro audit-image --tarball a.tar --tarball b.tar --json
+    """
+
     if tarball:
         if len(tarball) != 2:
             raise BadInput("--tarball takes exactly two files", hint="--tarball A.tar --tarball B.tar")
@@ -175,19 +219,24 @@ def audit_image_cmd(
 
 @repro_app.command("manifest")
 def manifest_cmd(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Write the manifest here.")] = Path(
-        "host-manifest.json"
-    ),
-    model_dir: Annotated[
-        Path | None, typer.Option("--model-dir", help="Checkpoint: its lock's hash and verify status.")
-    ] = None,
-    profile: Annotated[str | None, typer.Option("--profile", "-p", help="Record this profile's values.")] = None,
+    output: Annotated[Path, typer.Option("--out", help="Write the manifest here.")] = Path("host-manifest.json"),
+    model_dir: ModelDirOpt = None,
+    profile: OptionalProfileOpt = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Do not verify the checkpoint.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    force: ForceOpt = False,
     lock_path: ReproLockOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Record what this host runs: GPUs, driver, CUDA, kernel, CPU, memory, packages, locks, profile, plan."""
+    """Record what this host runs: GPUs, driver, CUDA, kernel, CPU, memory, packages, locks, profile, plan.
+
+    With --model-dir, the checkpoint's lock hash and verify status; with --profile, that profile's values.
+
+    Examples:
+      glm53 repro manifest --out host-manifest.json
+      glm53 repro manifest --out gpu-host.json --model-dir /srv/models/glm53 --profile agent-256k
+    """
+
+    refuse_to_replace([output], force=force)
     manifest = build_manifest(lock_path=lock_path, model_dir=model_dir, profile=profile, verify=not no_verify)
     write_manifest(manifest, output, force=force)
     Output(json_mode=json_out).result(manifest, lambda console: console.print(f"[green]wrote[/green] {output}"))
@@ -195,14 +244,22 @@ def manifest_cmd(
 
 @repro_app.command("diff")
 def diff_cmd(
-    a: Annotated[Path, typer.Argument(help="A host manifest.")],
-    b: Annotated[Path | None, typer.Argument(help="Another host manifest (or --lock).")] = None,
+    a: Annotated[Path, typer.Argument(metavar="A", help="A host manifest.", show_default=False)],
+    b: Annotated[
+        Path | None, typer.Argument(metavar="B", help="Another host manifest (or --lock).", show_default=False)
+    ] = None,
     lock: Annotated[
         Path | None, typer.Option("--lock", help="Compare manifest A with this repro.lock.json instead.")
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Explain how two host manifests (or a manifest and the lock) differ; exit 1 when a pinned fact differs."""
+    """Explain how two host manifests (or a manifest and the lock) differ; exit 1 when a pinned fact differs.
+
+    Examples:
+      glm53 repro diff host-a.json host-b.json
+      glm53 repro diff host-manifest.json --lock repro.lock.json --json
+    """
+
     first = load_manifest(a)
     if (b is None) == (lock is None):
         raise BadInput("compare with one thing", hint="glm53 repro diff A.json B.json, or A.json --lock LOCK")
@@ -211,8 +268,7 @@ def diff_cmd(
     else:
         assert lock is not None
         result = diff_against_lock(first, lock, m_name=str(a))
-    payload = {"pinned_differ": result.pinned_differ, **result.model_dump(mode="json")}
-    Output(json_mode=json_out).result(payload, lambda console: render_manifest_diff(result, console))
+    Output(json_mode=json_out).result(result, lambda console: render_manifest_diff(result, console))
     if result.pinned_differ:
         names = ", ".join(d.fact for d in result.differences if d.group == "pinned")
         raise CheckFailed(f"pinned facts differ: {names}", hint="see the table; the pinned group decides")

@@ -36,7 +36,7 @@ def router_cmd(
     Examples:
       glm53 router fleet.toml
       glm53 router fleet.toml --dry-run --json
-      glm53 router fleet.toml --listen-all --api-key-file /run/credentials/glm53-router.service/api-key
+      glm53 router fleet.toml --listen-all --api-key-file /etc/glm53/router-key
     """
     req = start.RouterRequest(
         fleet_file=Path(fleet_file),

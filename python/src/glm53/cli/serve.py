@@ -19,10 +19,10 @@ from glm53.cli.options import (
     RigOpt,
     SetOpt,
 )
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.output import Output
 from glm53.recipe.profiles import DEFAULT_PROFILE
 from glm53.serve import start
-from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
 from glm53.serve.render import render_dry_run
 from glm53.serve.resolve import ServeRequest
 
@@ -62,6 +62,7 @@ def serve_cmd(
       glm53 serve --model-dir DIR --set MAX_MODEL_LEN=131072 --api-key-file ~/.config/glm53/key
       glm53 serve --profile cpu-tiny --model-dir ~/.cache/glm53/demo/glm53-tiny --port 8001
     """
+
     req = ServeRequest(
         profile=profile,
         model_dir=model_dir,

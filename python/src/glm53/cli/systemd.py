@@ -9,6 +9,7 @@ import typer
 from glm53.cli.options import (
     ApiKeyFileOpt,
     EnvFileOpt,
+    ForceOpt,
     Glm53PathOpt,
     HostOpt,
     JsonOpt,
@@ -17,11 +18,12 @@ from glm53.cli.options import (
     PortOpt,
     ProfileOpt,
     UnitOutOpt,
+    refuse_to_replace,
 )
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.fsutil import atomic_write_text
 from glm53.output import Output
 from glm53.recipe.profiles import DEFAULT_PROFILE
-from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT
 from glm53.serve.resolve import ServeRequest
 from glm53.serve.systemd import load_unit_data, render_unit, unit_settings
 
@@ -36,6 +38,7 @@ def systemd_unit_cmd(
     api_key_file: ApiKeyFileOpt = None,
     glm53: Glm53PathOpt = None,
     out_file: UnitOutOpt = None,
+    force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Render a hardened systemd unit that serves a profile (for hosts without NixOS).
@@ -46,10 +49,13 @@ def systemd_unit_cmd(
 
     Examples:
       glm53 systemd-unit --model-dir /srv/models/glm53 --out /etc/systemd/system/glm53.service
-      glm53 systemd-unit -m /srv/models/glm53 --host 0.0.0.0 --listen-all --api-key-file /etc/glm53/key
-      glm53 systemd-unit -m /srv/models/glm53 --env-file /etc/glm53/agent.env --json
+      glm53 systemd-unit --model-dir /srv/glm53 --host 0.0.0.0 --listen-all --api-key-file /etc/key
+      glm53 systemd-unit --model-dir /srv/models/glm53 --env-file /etc/glm53/agent.env --json
     """
+
     out = Output(json_mode=json_out)
+    if out_file is not None:
+        refuse_to_replace([out_file], force=force)
     req = ServeRequest(
         profile=profile,
         model_dir=model_dir,
@@ -66,9 +72,8 @@ def systemd_unit_cmd(
     if out_file is not None:
         atomic_write_text(out_file, unit.text)
         out.info(f"wrote {out_file}; then: systemctl daemon-reload && systemctl enable --now {out_file.name}")
-    payload = unit.model_dump(mode="json") | {"out": str(out_file) if out_file is not None else None}
     if json_out:
-        out.result(payload, lambda console: None)
+        out.result(unit.model_copy(update={"out": str(out_file) if out_file is not None else None}), lambda c: None)
     elif out_file is None:
         sys.stdout.write(unit.text)
         sys.stdout.flush()

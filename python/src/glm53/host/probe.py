@@ -53,7 +53,7 @@ def _torch() -> Any:
     if not torch.cuda.is_available():
         raise Unavailable(
             "no CUDA device is available to probe",
-            hint="run `glm53 probe` on the GPU host; pass its JSON to `glm53 plan --bandwidth`",
+            hint="run `glm53 probe` on the GPU host; pass its JSON to `glm53 plan host --bandwidth`",
         )
     return torch
 

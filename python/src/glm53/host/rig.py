@@ -18,7 +18,6 @@ from glm53.fsutil import parse_json, read_json
 from glm53.host.topology import HostTopology, LogicalCpu
 
 RIGS_RESOURCE = "data/rigs"
-GIB = 1 << 30
 
 
 class _Strict(BaseModel):

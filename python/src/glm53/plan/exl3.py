@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from glm53.constants import GIB, MIB
 from glm53.errors import BadInput, Unavailable, invalid_document
 from glm53.host import facts as host_facts
 from glm53.host.memory import HostMemory
 from glm53.host.rig import rig_topology
 from glm53.plan.checkpoint_facts import ModelFacts, model_facts
 from glm53.plan.cpu_pools import plan_cpu_sets
-from glm53.plan.planner import GIB, MIB, GpuSpec, Infeasible, gpu_spec, host_budget
+from glm53.plan.planner import GpuSpec, Infeasible, gpu_spec, host_budget
 from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
@@ -872,7 +873,7 @@ def plan_exl3_for_host(
         if not found:
             raise Unavailable(
                 "no NVIDIA GPU found on this machine",
-                hint="plan for another machine with --rig NAME|FILE (glm53 plan --help lists the packaged rigs)",
+                hint="plan for another machine with --rig NAME|FILE (glm53 plan host --help lists the packaged rigs)",
             )
         memory = host.require_memory()
         topology = host.require_topology()

@@ -1,4 +1,4 @@
-"""The ExLlamaV3 plan with its routing statistics applied, and its files (`glm53 plan --profile exl3-* --out DIR`).
+"""The ExLlamaV3 plan with its routing statistics applied, and its files (`glm53 plan host --profile exl3-* --out DIR`).
 
     finish_exl3_plan(plan, model, stats, out_dir) -> SavedExl3Plan     writes only under out_dir, when given
 
@@ -9,7 +9,7 @@
 With a routing trace and a split plan, static placement (learned on the trace's first half) is compared with
 ExLlamaV3's dynamic placement on the second half; when static wins and the stats file is written, plan.env
 turns dynamic placement off (EXL3_MOE_CPU_SWAP=0) and names the file (EXL3_MOE_CPU_SPLIT_STATS). Files are
-replaced atomically, as `glm53 plan --out` does for the vLLM plan.
+replaced atomically, as `glm53 plan host --out` does for the vLLM plan.
 """
 
 from __future__ import annotations

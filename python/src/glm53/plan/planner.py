@@ -23,8 +23,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from glm53.constants import GIB
 from glm53.errors import BadInput, CheckFailed, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.facts import HostFacts, read_host_facts
@@ -42,13 +43,12 @@ from glm53.plan.cost_model import (
 )
 from glm53.plan.cpu_pools import CpuSets, plan_cpu_sets
 from glm53.plan.kv_budget import KvComparison, KvDerivation, compare_with_reported, derive_kv
+from glm53.plan.shape import ServingShape, shape_from_profile
 from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
     from glm53.plan.rig import Target
 
-GIB = 1 << 30
-MIB = 1 << 20
 PLAN_FORMAT = "glm53-plan"
 PLAN_VERSION = 1
 
@@ -71,25 +71,6 @@ class GpuSpec(BaseModel):
     memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH
     pci_bus_id: str | None = None
     numa_node: int | None = None  # the PCI device's NUMA node (sysfs); None: unknown or -1
-
-
-class ServingShape(BaseModel):
-    """The profile values the planner reads (recipe key names in the comments); defaults are the recipe's."""
-
-    model_config = ConfigDict(frozen=True)
-
-    tensor_parallel_size: int = Field(default=2, ge=1)  # TENSOR_PARALLEL_SIZE
-    max_model_len: int = Field(default=262_144, gt=0)  # MAX_MODEL_LEN
-    max_num_seqs: int = Field(default=1, ge=1)  # MAX_NUM_SEQS
-    max_num_batched_tokens: int = Field(default=8192, gt=0)  # MAX_NUM_BATCHED_TOKENS
-    gpu_memory_utilization: float = Field(default=0.94, gt=0.0, le=1.0)  # GPU_MEMORY_UTILIZATION
-    kv_cache_memory_bytes: int | None = Field(default=3_328_599_040, gt=0)  # KV_CACHE_MEMORY_BYTES; None = derive
-    gpu_workspace_bytes: int | None = Field(default=None, ge=0)  # None = estimate
-    gpu_headroom_bytes: int = Field(default=512 * MIB, ge=0)
-    host_reserve_bytes: int = Field(default=8 * GIB, ge=0)
-    serving_overhead_bytes: int = Field(default=10 * GIB, ge=0)
-    pool_threads: int | None = Field(default=None, ge=0)  # cap on CPU pool threads over all ranks
-    decode_context_tokens: int = Field(default=8192, gt=0)  # context at which decode speed is predicted
 
 
 class GpuLedger(BaseModel):
@@ -403,48 +384,6 @@ def gpu_spec(gpu: GpuInfo, root: Path | None = None) -> GpuSpec:
         pci_bus_id=gpu.pci_bus_id,
         numa_node=node,
     )
-
-
-def shape_from_profile(profile: object) -> ServingShape:
-    """A ServingShape from a glm53.recipe.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
-
-    Duck-typed on `value` so that the planner does not depend on the profile module.
-    """
-    value = profile.value  # type: ignore[attr-defined]
-    defaults = ServingShape()
-
-    def number(key: str, kind: type[int] | type[float], default: float | None) -> float | None:
-        raw = str(value(key) or "")
-        if raw == "":
-            return default
-        try:
-            return kind(raw)
-        except ValueError as exc:
-            raise BadInput(f"profile value {key}={raw!r} is not a {kind.__name__}") from exc
-
-    def integer(key: str, default: int | None) -> int | None:
-        result = number(key, int, default)
-        return None if result is None else int(result)
-
-    values = {
-        "tensor_parallel_size": integer("TENSOR_PARALLEL_SIZE", defaults.tensor_parallel_size) or 1,
-        "max_model_len": integer("MAX_MODEL_LEN", defaults.max_model_len) or defaults.max_model_len,
-        "max_num_seqs": integer("MAX_NUM_SEQS", defaults.max_num_seqs) or 1,
-        "max_num_batched_tokens": integer("MAX_NUM_BATCHED_TOKENS", defaults.max_num_batched_tokens)
-        or defaults.max_num_batched_tokens,
-        "gpu_memory_utilization": number("GPU_MEMORY_UTILIZATION", float, defaults.gpu_memory_utilization)
-        or defaults.gpu_memory_utilization,
-        "kv_cache_memory_bytes": integer("KV_CACHE_MEMORY_BYTES", None),
-    }
-    try:
-        return ServingShape(**values)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else ""
-        raise BadInput(
-            f"profile value {field.upper()}={error.get('input')!r}: {error['msg']}",
-            hint="fix that value of the profile (or give the flag over it)",
-        ) from exc
 
 
 def plan_for_host(

@@ -9,6 +9,10 @@ from glm53.plan.cache_plan import learn_from_trace
 from glm53.plan.comparison import ComparisonReport
 from glm53.plan.traces import RoutingTrace
 
+# The files plot_miss_ratio_curves writes (the second only with a report).
+CURVES_PNG = "miss-ratio-curves.png"
+POLICIES_PNG = "policies.png"
+
 
 def plot_miss_ratio_curves(
     trace: RoutingTrace,
@@ -53,7 +57,7 @@ def plot_miss_ratio_curves(
     lru_axis.legend(title="layer", fontsize=8)
     figure.suptitle(f"Per-layer miss-ratio curves, {learn.steps:,} steps")
     figure.tight_layout()
-    path = directory / "miss-ratio-curves.png"
+    path = directory / CURVES_PNG
     figure.savefig(path, dpi=120)
     plt.close(figure)
     written.append(path)
@@ -72,7 +76,7 @@ def plot_miss_ratio_curves(
         axis.legend(fontsize=8)
         axis.grid(axis="y", alpha=0.3)
         figure.tight_layout()
-        path = directory / "policies.png"
+        path = directory / POLICIES_PNG
         figure.savefig(path, dpi=120)
         plt.close(figure)
         written.append(path)

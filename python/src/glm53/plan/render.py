@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from glm53.constants import GIB
 from glm53.host.probe import ProbeReport
 from glm53.host.topology import format_cpu_list
 from glm53.plan.cache_plan import LayerCache
@@ -15,8 +16,6 @@ from glm53.plan.comparison import ComparisonReport
 from glm53.plan.exl3 import Exl3Plan
 from glm53.plan.planner import Plan
 from glm53.plan.traces import SyntheticTraceSpec
-
-GIB = 1 << 30
 
 
 def _gib(value: float) -> str:

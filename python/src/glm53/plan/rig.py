@@ -1,4 +1,4 @@
-"""What `glm53 plan` plans for when it is not this machine: a rig (`--rig NAME|FILE`, glm53.host.rig; packaged:
+"""What `glm53 plan host` plans for when it is not this machine: a rig (`--rig NAME|FILE`, glm53.host.rig; packaged:
 `recipe-2x3090`, the published recipe's machine) and/or options for its parts (`--ram`, `--cpus`; the GPUs with
 `--gpu-memory`).
 

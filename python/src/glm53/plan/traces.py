@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import MAX_INPUT_BYTES, atomic_write_bytes, atomic_write_json, parse_json, read_bytes_bounded
 from glm53.host.topology import parse_cpu_list
+from glm53.plan.trace_spec import MAX_EXPERTS, SynthesizedTrace, SyntheticTraceSpec, format_shifts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 TRACE_FORMAT = "glm53-routing-trace"
 COUNTS_FORMAT = "glm53-routing-counts"
 FORMAT_VERSION = 1
-MAX_EXPERTS = 32767  # expert ids are stored as int16
 MAX_LAYER_ID = 65535
 MAX_COUNT = 1 << 53  # counts and token totals: exact in a float, and 32767 of them sum within int64
 # A trace is read whole into memory; 1 GiB is about 200,000 steps of GLM-5.3-Flash's shape (42 layers x top-8).
@@ -350,33 +350,6 @@ def read_routing_stats(path: Path) -> RoutingTrace | RoutingCounts:
 # --- synthetic traces ---------------------------------------------------------------------------------------
 
 
-class SyntheticTraceSpec(BaseModel):
-    """Per-layer Zipf popularity (skew drawn per layer from [skew_min, skew_max]) and temporal locality: each
-    of a step's top_k slots repeats the previous step's expert in that slot with probability `locality`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    layers: tuple[int, ...] = tuple(range(3, 45))
-    experts: int = Field(default=288, gt=0, le=MAX_EXPERTS)
-    top_k: int = Field(default=8, gt=0)
-    steps: int = Field(default=20_000, gt=1)
-    locality: float = Field(default=0.3, ge=0.0, lt=1.0, allow_inf_nan=False)
-    skew_min: float = Field(default=0.4, ge=0.0, le=100.0, allow_inf_nan=False)
-    skew_max: float = Field(default=1.2, ge=0.0, le=100.0, allow_inf_nan=False)
-    seed: int = Field(default=0, ge=0)  # numpy's generators take non-negative seeds
-    # Popularity shifts: (at, strength) = from step round(at x steps) on, a random `strength` share of each
-    # layer's experts swap popularity among themselves (1.0: the whole ranking re-permuted).
-    shifts: tuple[tuple[float, float], ...] = ()
-
-    @field_validator("shifts")
-    @classmethod
-    def _shifts(cls, value: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
-        for at, strength in value:
-            if not (0.0 < at < 1.0 and 0.0 <= strength <= 1.0):
-                raise ValueError(f"shift {at}:{strength} needs 0 < at < 1 and 0 <= strength <= 1")
-        return tuple(sorted(value))
-
-
 def parse_layers(text: str, *, flag: str = "--layers") -> tuple[int, ...]:
     """MoE layer ids in the kernel's list format, e.g. 3-44 or 3,5,7-9."""
     layers = parse_cpu_list(text, what=flag)
@@ -503,8 +476,10 @@ __all__ = [
     "TRACE_FORMAT",
     "RoutingCounts",
     "RoutingTrace",
+    "SynthesizedTrace",
     "SyntheticTraceSpec",
     "drift_trace",
+    "format_shifts",
     "parse_layers",
     "parse_shifts",
     "read_counts",

@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from glm53.checkpoint.index_repair import check_index
 from glm53.checkpoint.verify import verify_checkpoint
+from glm53.constants import DEFAULT_HOST, GIB, MIB
 from glm53.errors import Glm53Error
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.exl3_engine import EXTENSION_MODULE, TABBY_DIR_ENV, Exl3EngineFacts, read_exl3_engine
@@ -34,8 +35,6 @@ from glm53.recipe.profiles import Profile
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
-GIB = 1 << 30
-MIB = 1 << 20
 MIN_KERNEL = (5, 14)
 GPU_USED_WARN_BYTES = 1000 * MIB
 # NVML reports a card's memory a little under its marketed size: 97% of the validated figure is the same card.
@@ -65,6 +64,7 @@ class DoctorReport(BaseModel):
     profile: str | None
     checks: list[Check]
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
         return not any(c.status == "fail" for c in self.checks)
@@ -155,6 +155,12 @@ class DoctorFacts(BaseModel):
     exl3: Exl3EngineFacts | None = None
 
 
+class DoctorResult(DoctorReport):
+    """`glm53 doctor`'s result: the checks and the facts they were made on."""
+
+    facts: DoctorFacts
+
+
 # ---------------------------------------------------------------- readers (I/O)
 
 
@@ -191,7 +197,7 @@ def read_model(model_dir: Path) -> tuple[bool, str, bool | None, str | None]:
 def read_facts(
     root: Path = Path("/"),
     *,
-    host: str = "127.0.0.1",
+    host: str = DEFAULT_HOST,
     port: int | None = None,
     model_dir: Path | None = None,
     gpu_reader: Callable[[], list[GpuInfo]] = read_gpus,
@@ -661,7 +667,7 @@ def audit_host(host: HostFacts, limits: HostLimits) -> DoctorReport:
                 name="system memory",
                 status="ok" if enough else "fail",
                 detail=f"{_gib(total)}, validated {_gib(limits.system_memory_bytes)}",
-                fix=None if enough else "fewer experts fit in host RAM: re-plan (glm53 plan)",
+                fix=None if enough else "fewer experts fit in host RAM: re-plan (glm53 plan host)",
             )
         )
     return DoctorReport(profile=None, checks=checks)

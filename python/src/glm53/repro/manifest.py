@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, computed_field
 
 from glm53.checkpoint.lock import default_lock_path, load_lock
 from glm53.checkpoint.verify import verify_checkpoint
@@ -321,6 +321,7 @@ class ManifestDiff(_Model):
     b: str
     differences: list[Difference]
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def pinned_differ(self) -> bool:
         return any(d.group == "pinned" for d in self.differences)

@@ -79,6 +79,14 @@ def _wanted(pin: PendingPin) -> str:
     return pin.rev or pin.short_rev or "the newest commit of its default branch"
 
 
+class ResolvePreview(BaseModel):
+    """`glm53 repro resolve --dry-run`'s result (and the result when nothing is pending): what would be fetched."""
+
+    lock: str
+    would_fetch: list[PendingPin]
+    written: bool = False
+
+
 class Resolution(BaseModel):
     lock: str
     resolved: list[ResolvedPin]
@@ -367,6 +375,7 @@ __all__ = [
     "HEAD_PINS",
     "PendingPin",
     "Resolution",
+    "ResolvePreview",
     "ResolvedPin",
     "commit_date",
     "describe_fetches",

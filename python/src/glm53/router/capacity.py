@@ -34,7 +34,9 @@ from glm53.recipe.performance import recipe_performance
 
 Policy = Literal["sticky", "jsq"]
 POLICIES: tuple[Policy, ...] = ("sticky", "jsq")
-PROFILES = ("agent-256k", "prefill-256k")
+# The profiles the recipe published figures for (data/recipe-performance.json).
+FiguresProfile = Literal["agent-256k", "prefill-256k"]
+PROFILES: tuple[FiguresProfile, ...] = ("agent-256k", "prefill-256k")
 DEFAULT_CACHE_HIT = 0.729
 MAX_CONTEXT = 262_144
 MAX_USERS = 100_000
@@ -48,20 +50,33 @@ class RatePoint(BaseModel):
 
 
 class PlanInputs(BaseModel):
-    users: int = Field(ge=1, le=MAX_USERS)
-    turns_per_min: float = Field(gt=0, description="turns per user per minute (Poisson)")
-    prompt_tokens: int = Field(16_384, ge=0, le=MAX_CONTEXT, description="prompt tokens per turn (mean)")
-    answer_tokens: int = Field(300, ge=1, le=MAX_CONTEXT, description="generated tokens per turn (mean)")
-    p95_seconds: float = Field(60.0, gt=0, description="target: 95% of turns done within this, queueing included")
-    context: int | None = Field(None, ge=1, le=MAX_CONTEXT, description="context for the rates (default: prompt)")
-    cache_hit: float = Field(DEFAULT_CACHE_HIT, ge=0, le=1, description="share of prompt tokens found in cache")
-    cv: float = Field(0.5, ge=0, le=4, description="coefficient of variation of prompt and answer lengths")
-    session_turns: int = Field(20, ge=1, le=1_000_000, description="turns per conversation (one X-Session-ID)")
-    policy: Policy = "sticky"
-    profile: str = "agent-256k"
-    turns: int = Field(20_000, ge=100, le=2_000_000, description="turns simulated per box count")
-    seed: int = 0
-    max_boxes: int = Field(512, ge=1, le=MAX_BOXES)
+    """The question `glm53 fleet plan` answers; each field is one of its options."""
+
+    users: int = Field(ge=1, le=MAX_USERS, description="Agent users sending turns.")
+    turns_per_min: float = Field(gt=0, description="Turns per user per minute (Poisson).")
+    prompt_tokens: int = Field(
+        16_384, ge=0, le=MAX_CONTEXT, description="Prompt tokens per turn, on average (the conversation resent)."
+    )
+    answer_tokens: int = Field(300, ge=1, le=MAX_CONTEXT, description="Generated tokens per turn, on average.")
+    p95_seconds: float = Field(60.0, gt=0, description="Target: 95% of turns done within this, queueing included.")
+    context: int | None = Field(
+        None, ge=1, le=MAX_CONTEXT, description="Context for the rates (default: the prompt tokens)."
+    )
+    cache_hit: float = Field(
+        DEFAULT_CACHE_HIT,
+        ge=0,
+        le=1,
+        description="Share of prompt tokens found in the prefix cache (the default is the recipe's agent bench).",
+    )
+    cv: float = Field(0.5, ge=0, le=4, description="Variation of prompt and answer lengths (1: exponential).")
+    session_turns: int = Field(
+        20, ge=1, le=1_000_000, description="Turns per conversation (one X-Session-ID, one box when sticky)."
+    )
+    policy: Policy = Field("sticky", description="sticky (the router's consistent_hash) or jsq (join-shortest-queue).")
+    profile: FiguresProfile = Field("agent-256k", description="The recipe's figures to use: those of this profile.")
+    turns: int = Field(20_000, ge=100, le=2_000_000, description="Turns simulated per box count.")
+    seed: int = Field(0, description="Seed of the simulation (same seed, same answer).")
+    max_boxes: int = Field(512, ge=1, le=MAX_BOXES, description="Largest fleet tried.")
 
 
 class Candidate(BaseModel):
@@ -92,7 +107,9 @@ class Plan(BaseModel):
 def recipe_points(profile: str) -> list[RatePoint]:
     perf = recipe_performance()
     if profile not in perf.profiles:
-        raise BadInput(f"--profile {profile!r} is not a recipe profile", hint=f"use one of: {', '.join(PROFILES)}")
+        raise BadInput(
+            f"--figures {profile!r}: the recipe published no figures for it", hint=f"use one of: {', '.join(PROFILES)}"
+        )
     return [
         RatePoint(context=p.context_len, prefill_tok_s=p.prefill_tok_s, decode_tok_s=p.decode_tok_s)
         for p in sorted(perf.profiles[profile], key=lambda p: p.context_len)

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import parse_json, read_text_bounded
 
@@ -68,7 +69,7 @@ class Backend(BaseModel):
         except ValueError as exc:
             raise ValueError(f"{value!r}: {exc}") from None
         if port is None or port == 0:
-            raise ValueError(f"{value!r} names no port (glm53 serve listens on 8000 by default)")
+            raise ValueError(f"{value!r} names no port (glm53 serve listens on {DEFAULT_PORT} by default)")
         if parts.username or parts.password:
             raise ValueError(f"{value!r} carries credentials: put the key in api_key_file")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
@@ -124,7 +125,7 @@ class Metrics(BaseModel):
     model_config = _FORBID
 
     # The router's own Prometheus endpoint; loopback unless asked for.
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     port: int = Field(default=29000, ge=1, le=65535)
 
 
@@ -136,7 +137,7 @@ class Fleet(BaseModel):
     # to the box that holds its prefix in cache (the agent profile hits 72.9% of prompt tokens there); a request
     # without the header hashes one empty key, so clients must send it. When a box leaves, only its sessions move.
     policy: Policy = "consistent_hash"
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
     listen_all: bool = False
     # The key the backends are served with (`glm53 serve --api-key-file`): see docs/router.md for who checks it.

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from glm53.constants import DEFAULT_HOST
 from glm53.errors import BadInput
 from glm53.router.fleet import Fleet
 from glm53.serve.launch import check_host, is_loopback
@@ -35,7 +36,7 @@ class RouterLaunch(BaseModel):
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = DEFAULT_HOST if self.host in ("0.0.0.0", "::") else self.host
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
 

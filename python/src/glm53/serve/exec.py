@@ -63,7 +63,7 @@ def apply_affinity(cpus: list[int] | None) -> None:
         allowed = sorted(os.sched_getaffinity(0))
         raise BadInput(
             f"cannot pin vLLM to CPUs {cpus}: {exc.strerror}",
-            hint=f"this process may use CPUs {allowed}; re-run `glm53 plan` on this machine",
+            hint=f"this process may use CPUs {allowed}; re-run `glm53 plan host` on this machine",
         ) from exc
 
 

@@ -18,12 +18,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.errors import BadInput
 from glm53.recipe.profiles import BUILTIN_CHAT_TEMPLATE, FLAG_SPECS, KEYS, Profile
 from glm53.serve.chat_template import bounded_template_path
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
 
 # Variables that never come from a profile: the API key travels through VLLM_API_KEY only.
 SECRET_ENV = ("VLLM_API_KEY",)
@@ -62,7 +60,7 @@ class LaunchSpec(BaseModel):
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = DEFAULT_HOST if self.host in ("0.0.0.0", "::") else self.host
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"

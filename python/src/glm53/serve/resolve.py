@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.native_libs import find_system_library, read_loader_view
@@ -33,6 +34,7 @@ from glm53.recipe.profiles import (
     DEFAULT_PROFILE,
     KEYS,
     Profile,
+    Setting,
     load_profile,
     parse_env_text,
     parse_set_options,
@@ -40,7 +42,7 @@ from glm53.recipe.profiles import (
 )
 from glm53.serve.exec import api_key_file_warning, read_api_key
 from glm53.serve.flags import vllm_command
-from glm53.serve.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchSpec, PlanInput, build_launch, is_loopback
+from glm53.serve.launch import LaunchSpec, PlanInput, build_launch, is_loopback
 from glm53.serve.tabby import build_tabby_launch
 
 # Where a dry run without --model-dir shows the checkpoint (the image mounts it there).
@@ -94,6 +96,24 @@ class Launch(BaseModel):
     api_key: str | None = Field(default=None, exclude=True, repr=False)
 
 
+class ProfileSummary(BaseModel):
+    """A row of `glm53 profile list`."""
+
+    name: str
+    default: bool
+    description: str
+
+
+class ProfileCheck(BaseModel):
+    """`glm53 profile check`'s result: every setting with its origin, the argv and the plan's status."""
+
+    profile: str
+    valid: bool = True
+    settings: list[Setting]
+    argv: list[str]
+    plan: PlanStatus
+
+
 def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
     """The planner's KEY=VALUE file: profile keys (layered over the profile), the rest (exported as they are),
     and HYBRID_MAIN_CPUS as the serving CPUs."""
@@ -113,7 +133,7 @@ def plan_on_this_host(
     profile: Profile, model_dir: Path | None, *, root: Path = Path("/"), rig: str | None = None
 ) -> PlanLayer:
     """Plan the expert pools for this host (or the rig named) and profile; the values layer over the profile
-    exactly as a `glm53 plan --env` file would. GPUs come from NVML; Unavailable when there is none."""
+    exactly as a `glm53 plan host --env` file would. GPUs come from NVML; Unavailable when there is none."""
     if profile.engine == "exllamav3":
         exl3 = plan_exl3_for_host(
             profile, model_dir=model_dir, root=root, rig=load_rig(rig) if rig is not None else None
@@ -125,7 +145,7 @@ def plan_on_this_host(
     if rig is not None:
         raise BadInput(
             f"--rig plans exllamav3 profiles; {profile.name} runs on vllm",
-            hint="plan a vLLM profile for another machine with `glm53 plan --gpu-memory ...`",
+            hint="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
         )
 
     env, affinity = plan_serving_env(profile, model_dir=model_dir, root=root)
@@ -187,7 +207,7 @@ def resolve_launch(
         if profile.engine != "exllamav3":
             raise BadInput(
                 f"--rig plans exllamav3 profiles; {req.profile} runs on {profile.engine}",
-                hint="plan a vLLM profile for another machine with `glm53 plan --gpu-memory ...`",
+                hint="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
             )
         if req.plan_env is not None:
             raise BadInput("--rig and --plan-env both give the plan", hint="pass one of them")
@@ -290,6 +310,8 @@ __all__ = [
     "PLAN_THIS_HOST",
     "Launch",
     "PlanStatus",
+    "ProfileCheck",
+    "ProfileSummary",
     "ServeRequest",
     "plan_on_this_host",
     "read_plan",

@@ -127,7 +127,7 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
     if launch.plan.source == "impossible":
         raise Unavailable(
             f"{req.profile} needs a plan of this host's expert pools, and {launch.plan.detail}",
-            hint="serve on the GPU host, or pass --plan-env from `glm53 plan --env`",
+            hint="serve on the GPU host, or pass --plan-env from `glm53 plan host --env`",
         )
     if launch.plan.source == "this host":
         out.info(f"planned the expert pools for this host: {len(launch.plan.keys)} values")

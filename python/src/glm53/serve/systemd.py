@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -134,6 +135,7 @@ class UnitFile(BaseModel):
     sections: dict[str, dict[str, str | list[str]]]
     text: str
     warnings: list[str] = []
+    out: str | None = None  # the file it was written to, when it was
 
 
 def _hidden_by(path: Path) -> str | None:
@@ -155,13 +157,27 @@ def _check_text(value: str, *, flag: str) -> None:
         raise BadInput(f"{flag}: {value!r} contains a control character (newline, tab, ...)")
 
 
+def running_glm53(argv0: str | None = None, executable: str | None = None) -> Path | None:
+    """The glm53 this process runs as: argv[0] when it is the `glm53` console script (the kernel hands a script
+    its own path, so `.venv/bin/glm53` works without glm53 on PATH), else the glm53 beside this interpreter (a
+    virtual environment's bin, when run as `python -m glm53.cli.main`); None when neither exists."""
+    argv0 = sys.argv[0] if argv0 is None and sys.argv else argv0
+    executable = sys.executable if executable is None else executable
+    candidates = []
+    if argv0 and Path(argv0).name == "glm53":
+        candidates.append(Path(os.path.abspath(argv0)))
+    if executable:
+        candidates.append(Path(os.path.abspath(executable)).parent / "glm53")
+    return next((path for path in candidates if path.is_file() and os.access(path, os.X_OK)), None)
+
+
 def find_glm53(explicit: Path | None) -> Path:
-    """The glm53 executable the unit runs: --glm53, else the one on PATH."""
+    """The glm53 executable the unit runs: --glm53, else the one running (running_glm53), else the one on PATH."""
     if explicit is None:
-        found = shutil.which("glm53")
+        found = running_glm53() or (Path(which) if (which := shutil.which("glm53")) else None)
         if found is None:
-            raise BadInput("glm53 is not on PATH", hint="pass --glm53 /path/to/venv/bin/glm53")
-        explicit = Path(found)
+            raise BadInput("cannot tell which glm53 to run", hint="pass --glm53 /path/to/venv/bin/glm53")
+        explicit = found
     path = Path(os.path.abspath(explicit))
     if not path.is_file() or not os.access(path, os.X_OK):
         raise BadInput(f"--glm53: {path} is not an executable file", hint="pass the glm53 of the installation")
@@ -349,5 +365,6 @@ __all__ = [
     "load_unit_data",
     "quote_word",
     "render_unit",
+    "running_glm53",
     "unit_settings",
 ]

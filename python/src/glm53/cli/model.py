@@ -14,6 +14,7 @@ from glm53.checkpoint.lock import default_lock_path, lock_from_directory, write_
 from glm53.checkpoint.render import install_json, render_download, render_install, render_lock, render_verify
 from glm53.checkpoint.verify import verify_checkpoint
 from glm53.cli.options import (
+    OUT_POLICY,
     ForceOpt,
     JobsOpt,
     JsonOpt,
@@ -43,7 +44,7 @@ def lock_cmd(
         Path | None,
         typer.Option(
             "--out",
-            help="Lock file to write (default: MODEL_DIR/checkpoint.lock.json, or ./ with --from-hub).",
+            help="Lock file to write (default: MODEL_DIR/checkpoint.lock.json, or ./ with --from-hub)." + OUT_POLICY,
         ),
     ] = None,
     repo: Annotated[str | None, typer.Option("--repo", help="Hub repository to record (local lock).")] = None,

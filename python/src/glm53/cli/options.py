@@ -7,7 +7,11 @@ from typing import Annotated
 
 import typer
 
+from glm53.fsutil import OUTPUT_POLICY
 from glm53.recipe.profiles import PROFILE_NAMES
+
+# Appended to the help of every --out / -o: the one output policy (glm53.fsutil.output_target).
+OUT_POLICY = " " + OUTPUT_POLICY
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output file.")]
@@ -68,7 +72,8 @@ ServedModelOpt = Annotated[
     str | None, typer.Option("--model", help="Served model name (default: the first in /v1/models).")
 ]
 ReportDirOpt = Annotated[
-    Path, typer.Option("--out", help="Report directory: summary.json (+ plots) are written or updated there.")
+    Path,
+    typer.Option("--out", help="Report directory: summary.json (+ plots) are written or updated there." + OUT_POLICY),
 ]
 RequestTimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=1.0, help="Seconds without data before a request is given up.")
@@ -105,7 +110,7 @@ Glm53PathOpt = Annotated[
 ]
 UnitOutOpt = Annotated[
     Path | None,
-    typer.Option("--out", help="Write the unit to this file (atomically) instead of stdout.", show_default=False),
+    typer.Option("--out", help="Write the unit to this file instead of stdout." + OUT_POLICY, show_default=False),
 ]
 # `glm53 bench`'s key: a file or the environment keep it out of argv (/proc/PID/cmdline shows argv to every user).
 BenchApiKeyOpt = Annotated[

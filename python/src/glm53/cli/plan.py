@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt, RigOpt
+from glm53.cli.options import OUT_POLICY, ForceOpt, JsonOpt, ModelDirOpt, RigOpt
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json
 from glm53.host.rig import load_rig
@@ -106,7 +106,9 @@ def plan(
         Path, typer.Option("--host-root", help="Read /proc and /sys under this root.", hidden=True)
     ] = Path("/"),
     env: Annotated[bool, typer.Option("--env", help="Print KEY=VALUE lines for the entrypoint.")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.env and rankings here.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write plan.json, plan.env and rankings here." + OUT_POLICY)
+    ] = None,
     json_mode: JsonOpt = False,
 ) -> None:
     """Plan for this host, or for a rig it is not (--rig, --ram, --cpus, --gpu-memory).
@@ -271,7 +273,7 @@ def simulate(
         ),
     ] = "0.5:1,0.15:1,0.5:0.5",
     drift_seed: Annotated[int, typer.Option("--drift-seed", min=0, help="Seed of the drift permutations.")] = 0,
-    out: Annotated[Path | None, typer.Option("--out", help="Write the report JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the report JSON here." + OUT_POLICY)] = None,
     json_mode: JsonOpt = False,
 ) -> None:
     """Replay a trace through uniform LRU, the recipe's 20%-pinned LRU, the planned split and Belady's MIN.
@@ -311,7 +313,9 @@ def simulate(
 
 @trace_app.command("synth")
 def synth(
-    out: Annotated[Path, typer.Option("--out", help="Trace file to write (JSONL; binary numpy if it ends in .npz).")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Trace file to write (JSONL; binary numpy if it ends in .npz)." + OUT_POLICY)
+    ],
     steps: Annotated[int, typer.Option("--steps", min=2, help="Decode steps (tokens).")] = 20_000,
     layers: Annotated[str, typer.Option("--layers", help="MoE layer ids, list format.")] = "3-44",
     experts: Annotated[int, typer.Option("--experts", min=1, help="Routed experts per layer.")] = 288,

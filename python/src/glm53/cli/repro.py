@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from glm53.cli.options import JsonOpt, ReproLockOpt
+from glm53.cli.options import OUT_POLICY, JsonOpt, ReproLockOpt
 from glm53.errors import BadInput, CheckFailed
 from glm53.host.facts import read_host_facts
 from glm53.output import Output
@@ -175,7 +175,7 @@ def audit_image_cmd(
 
 @repro_app.command("manifest")
 def manifest_cmd(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Write the manifest here.")] = Path(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Write the manifest here." + OUT_POLICY)] = Path(
         "host-manifest.json"
     ),
     model_dir: Annotated[

@@ -138,6 +138,22 @@ def missing_directory(path: Path) -> str | None:
     return "is not a directory"
 
 
+def missing_file(path: Path) -> str | None:
+    """Why `path` cannot be read as a regular file ("does not exist", "is a directory", ...), or None."""
+    problem = path_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(info.st_mode):
+        return None
+    return next((f"is {kind}" for test, kind in _KIND_NAMES if test(info.st_mode)), "is not a regular file")
+
+
 def atomic_write_text(path: Path, text: str, *, overwrite: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
 
@@ -248,7 +264,7 @@ def parse_json(raw: str | bytes, *, what: str, hint: str | None = None) -> Any:
         raise BadInput(f"{what}: JSON nested too deeply to read", hint=hint) from exc
     except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string conversion"
         if "digits" in str(exc):
-            raise BadInput(f"{what}: a number longer than the 4,300 digits JSON is read with", hint=hint) from exc
+            raise BadInput(f"{what}: a number of more than 4300 digits (the longest read)", hint=hint) from exc
         raise BadInput(f"{what}: {exc}", hint=hint) from exc
 
 

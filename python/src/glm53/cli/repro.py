@@ -12,6 +12,7 @@ import typer
 
 from glm53.cli.options import OUT_POLICY, JsonOpt, ReproLockOpt
 from glm53.errors import BadInput, CheckFailed
+from glm53.fsutil import missing_directory
 from glm53.host.facts import read_host_facts
 from glm53.output import Output
 from glm53.preflight.doctor import audit_host, limits_from_lock
@@ -161,6 +162,8 @@ def audit_image_cmd(
             raise BadInput("--tarball takes exactly two files", hint="--tarball A.tar --tarball B.tar")
         result = compare_image_tarballs(tarball[0], tarball[1])
     else:
+        if keep is not None and (problem := missing_directory(keep)) is not None:
+            raise BadInput(f"--keep: {keep} {problem}", hint="create the directory first, or leave --keep out")
         with tempfile.TemporaryDirectory(prefix="glm53-image-", dir=keep) as tmp:
             where = keep if keep is not None else Path(tmp)
             a, b = stream_image_twice(installable, where)

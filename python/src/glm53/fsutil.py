@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from glm53.errors import BadInput
-from glm53.safetext import printable
+from glm53.safetext import quoted
 
 # Linux's limits: a name in a directory (NAME_MAX) and a whole path (PATH_MAX), in bytes.
 MAX_NAME_BYTES = 255
@@ -25,7 +25,7 @@ OUTPUT_POLICY = (
 )
 
 
-def path_problem(path: Path | str) -> str | None:
+def path_problem(path: os.PathLike[str] | str) -> str | None:
     """Why `path` cannot name a file on Linux (too long, a NUL byte), or None."""
     raw = os.fsencode(path)
     if b"\0" in raw:
@@ -38,13 +38,11 @@ def path_problem(path: Path | str) -> str | None:
     return None
 
 
-def check_path(path: Path | str, *, what: str) -> None:
+def check_path(path: os.PathLike[str] | str, *, what: str) -> None:
     """BadInput (exit 2) naming `what` when `path` is too long or holds a NUL byte."""
     problem = path_problem(path)
     if problem is not None:
-        shown = printable(os.fsdecode(path))
-        shown = shown if len(shown) <= 120 else shown[:60] + "..." + shown[-40:]
-        raise BadInput(f"{what}: the path {shown!r} {problem}", hint="give a shorter path")
+        raise BadInput(f"{what}: the path {quoted(os.fsdecode(path), limit=120)} {problem}", hint="give a shorter path")
 
 
 _KIND_NAMES = (
@@ -255,7 +253,7 @@ def parse_json(raw: str | bytes, *, what: str, hint: str | None = None) -> Any:
     try:
         return json.loads(raw, object_pairs_hook=_unique_keys)
     except _DuplicateKey as exc:
-        raise BadInput(f"{what}: the key {printable(str(exc))[:80]!r} appears twice in one object", hint=hint) from exc
+        raise BadInput(f"{what}: the key {quoted(str(exc), limit=80)} appears twice in one object", hint=hint) from exc
     except json.JSONDecodeError as exc:
         raise BadInput(f"{what} is not valid JSON: {exc}", hint=hint) from exc
     except UnicodeDecodeError as exc:

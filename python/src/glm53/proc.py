@@ -25,7 +25,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from glm53.errors import BadInput, Unavailable
-from glm53.safetext import mask_secrets, printable
+from glm53.safetext import mask_secrets, printable, quoted
 
 # Variables a child usually needs to find programs, its home, a proxy and the host's certificates.
 BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LC_ALL", "TZ")
@@ -161,26 +161,26 @@ _HEX = re.compile(r"^[0-9a-f]{4,64}$")
 def check_url(url: str, *, what: str, schemes: Sequence[str] = GIT_SCHEMES) -> str:
     """`url` if it is a plain URL of one of `schemes`; BadInput (exit 2) naming `what` otherwise. A URL from a
     file must never be read as an option (`--upload-pack=...`) or a transport that runs commands (`ext::`)."""
-    shown = printable(mask_secrets(url))
+    shown = quoted(url)
     if url.startswith("-"):
-        raise BadInput(f"{what}: {shown!r} starts with '-', not a URL", hint=f"give a {'/'.join(schemes)} URL")
+        raise BadInput(f"{what}: {shown} starts with '-', not a URL", hint=f"give a {'/'.join(schemes)} URL")
     if not url.isprintable() or any(char.isspace() for char in url):
-        raise BadInput(f"{what}: {shown!r} holds white space or control characters")
+        raise BadInput(f"{what}: {shown} holds white space or control characters")
     scheme = urlsplit(url).scheme.lower()
     if scheme not in schemes or not url.lower().startswith(scheme + "://"):
         raise BadInput(
-            f"{what}: {shown!r} is not a {', '.join(s + '://' for s in schemes)} URL",
+            f"{what}: {shown} is not a {', '.join(s + '://' for s in schemes)} URL",
             hint="write the URL out in full, e.g. https://github.com/OWNER/REPO",
         )
     if scheme != "file" and not urlsplit(url).hostname:
-        raise BadInput(f"{what}: {shown!r} names no host")
+        raise BadInput(f"{what}: {shown} names no host")
     return url
 
 
 def check_commit(rev: str, *, what: str) -> str:
     """`rev` if it is 4 to 64 lowercase hex digits (a commit id, short or full); BadInput otherwise."""
     if not _HEX.fullmatch(rev):
-        raise BadInput(f"{what}: {printable(rev)[:80]!r} is not a commit id (4 to 64 hex digits)")
+        raise BadInput(f"{what}: {quoted(rev, limit=80)} is not a commit id (4 to 64 hex digits)")
     return rev
 
 

@@ -57,6 +57,15 @@ def shown(text: str) -> str:
     return printable(mask_secrets(text))
 
 
+def quoted(text: str, *, limit: int = 200) -> str:
+    """`text` in quotes for a message: shown (masked, escaped) once, not escaped again as repr() would, and
+    cut in the middle past `limit` characters."""
+    visible = shown(text)
+    if len(visible) > limit:
+        visible = visible[: limit // 2] + "..." + visible[-(limit // 2 - 3) :]
+    return f"'{visible}'"
+
+
 def hostname_problem(host: str) -> str | None:
     """Why `host` is not a DNS name, an IPv4 address or an IPv6 address (bracketed or not), or None if it is."""
     if not host:
@@ -81,4 +90,4 @@ def hostname_problem(host: str) -> str | None:
     return None
 
 
-__all__ = ["hostname_problem", "mask_secrets", "printable", "shown"]
+__all__ = ["hostname_problem", "mask_secrets", "printable", "quoted", "shown"]

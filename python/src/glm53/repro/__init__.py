@@ -23,7 +23,7 @@ from glm53.fsutil import read_bytes_bounded, read_json
 from glm53.proc import BASE_ENV, NETWORK_ENV, environment, run
 from glm53.recipe.pins import ReproLock
 from glm53.recipe.profiles import load_profile
-from glm53.safetext import mask_secrets, printable
+from glm53.safetext import mask_secrets, quoted
 
 MAX_TRACKED_FILE_BYTES = 20 * 1024 * 1024
 
@@ -223,7 +223,7 @@ def positional_installables(targets: list[str], what: str) -> list[str]:
     """`--` before the installables: data, never an option (a flake output named `--option=...`)."""
     for target in targets:
         if target.startswith("-"):
-            raise BadInput(f"{what} {printable(target)!r} starts with '-'", hint="name a flake output such as .#glm53")
+            raise BadInput(f"{what} {quoted(target)} starts with '-'", hint="name a flake output such as .#glm53")
     return ["--", *targets] if targets else []
 
 

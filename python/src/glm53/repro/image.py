@@ -23,7 +23,7 @@ from glm53.errors import BadInput
 from glm53.fsutil import missing_file, parse_json
 from glm53.proc import environment, run, text
 from glm53.repro import nix_build_outputs, nix_rebuild, positional_installables
-from glm53.safetext import printable
+from glm53.safetext import quoted
 
 _CHUNK = 1 << 20
 
@@ -267,7 +267,7 @@ def stream_image_twice(installable: str, out_dir: Path, *, nix: str = "nix") -> 
         )
     paths = []
     if not Path(out).is_absolute():
-        raise BadInput(f"nix build --json named {printable(out)!r} as the image script, not an absolute store path")
+        raise BadInput(f"nix build --json named {quoted(out)} as the image script, not an absolute store path")
     for name in ("image-a.tar", "image-b.tar"):
         target = out_dir / name
         with target.open("wb") as handle:

@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import parse_json
 from glm53.proc import TimedOut, environment, run, text
-from glm53.safetext import printable
+from glm53.safetext import quoted
 from glm53.serve.flags import FlagCheck
 from glm53.serve.launch import LaunchSpec
 from glm53.serve.tabby import CONFIG_NAME
@@ -81,7 +81,7 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None]:
     try:
         return [str(name) for name in result["unknown"]], (None if result["error"] is None else str(result["error"]))
     except (KeyError, TypeError) as exc:
-        raise Unavailable(f"TabbyAPI's config check printed {printable(lines[-1][:200])!r}") from exc
+        raise Unavailable(f"TabbyAPI's config check printed {quoted(lines[-1])}") from exc
 
 
 def tabby_config_check(spec: LaunchSpec) -> FlagCheck:

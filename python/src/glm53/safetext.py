@@ -78,10 +78,10 @@ def hostname_problem(host: str) -> str | None:
         pass
     if bare != host or ":" in bare:
         return "is not an IPv6 address"
-    if not bare.isascii() or not bare.isprintable():
-        return "holds control, bidi or non-ASCII characters (write an internationalised name in its xn-- form)"
     if any(char.isspace() for char in bare):
         return "holds white space"
+    if not bare.isascii() or not bare.isprintable():
+        return "holds control, bidi or non-ASCII characters (write an internationalised name in its xn-- form)"
     if len(bare) > 253:
         return "is longer than the 253 characters a host name may be"
     labels = bare[:-1].split(".") if bare.endswith(".") else bare.split(".")

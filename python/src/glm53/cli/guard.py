@@ -18,9 +18,11 @@ from glm53.fsutil import check_path
 
 def _flag(hints: dict[str, Any], name: str) -> str:
     for meta in getattr(hints.get(name), "__metadata__", ()):
-        decls = [d for d in getattr(meta, "param_decls", ()) or () if d.startswith("--")]
-        if decls:
-            return str(decls[0])
+        # In Annotated[..., typer.Option("--x", "-x")], Typer keeps the first declaration as the default.
+        decls = [getattr(meta, "default", None), *(getattr(meta, "param_decls", ()) or ())]
+        long = [d for d in decls if isinstance(d, str) and d.startswith("--")]
+        if long:
+            return long[0]
     return name.upper()
 
 
@@ -39,11 +41,15 @@ def _checked(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def check_path_arguments(app: typer.Typer) -> None:
-    """Wrap every command of `app` (and of its sub-apps) so that its path arguments are checked first."""
-    for info in app.registered_commands:
-        if info.callback is not None and not getattr(info.callback, "_paths_checked", False):
+    """Wrap every command of `app` (and of its sub-apps, and their callbacks: `glm53 plan` is one) so that its
+    path arguments are checked first."""
+    infos: list[Any] = [*app.registered_commands]
+    if app.registered_callback is not None:
+        infos.append(app.registered_callback)
+    for info in infos:
+        if callable(info.callback) and not getattr(info.callback, "_paths_checked", False):
             info.callback = _checked(info.callback)
-            info.callback._paths_checked = True  # type: ignore[attr-defined]
+            info.callback._paths_checked = True
     for group in app.registered_groups:
-        if group.typer_instance is not None:
+        if isinstance(group.typer_instance, typer.Typer):
             check_path_arguments(group.typer_instance)

@@ -105,7 +105,7 @@ def _bounded_get(client: httpx.Client, url: str, headers: dict[str, str] | None 
     deadline = time.monotonic() + PROBE_DEADLINE_S
     with client.stream("GET", url, headers=headers) as response:
         received = 0
-        for chunk in response.iter_raw(chunk_size=4096):
+        for chunk in response.iter_raw():  # as the bytes arrive: a chunk size would wait to fill it
             received += len(chunk)
             if received > PROBE_MAX_BYTES:
                 raise _ProbeFailed(f"{url} answered more than {PROBE_MAX_BYTES:,} bytes")

@@ -19,7 +19,8 @@ import unicodedata
 # Kept as they are: they shape multi-line messages and tables, and move nothing but the line.
 _KEPT = frozenset("\n\t")
 # user:password@ inside a URL, for any scheme; the user part is kept (it names the account, not the key).
-_URL_SECRET = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<secret>[^/\s@]*)@")
+# The secret may hold anything but the separators: masking too much is harmless, too little is not.
+_URL_SECRET = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<secret>[^/@\n]*)@")
 _LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
 
 

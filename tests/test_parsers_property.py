@@ -179,7 +179,25 @@ JSON_LEAF = st.one_of(
     st.sampled_from(["http://127.0.0.1:8001", "https://h:1", "http://a:b@h:1", "http://[::1]:8100", "consistent_hash"]),
 )
 FLEET_KEYS = st.sampled_from(
-    ["backends", "url", "policy", "host", "port", "listen_all", "api_key_file", "limits", "health", "retry", "metrics", "log_level", "queue_size", "timeout_secs", "endpoint", "max_retries", "x"]
+    [
+        "backends",
+        "url",
+        "policy",
+        "host",
+        "port",
+        "listen_all",
+        "api_key_file",
+        "limits",
+        "health",
+        "retry",
+        "metrics",
+        "log_level",
+        "queue_size",
+        "timeout_secs",
+        "endpoint",
+        "max_retries",
+        "x",
+    ]
 )
 JSON_VALUE = st.recursive(
     JSON_LEAF,

@@ -170,7 +170,27 @@ def find_glm53(explicit: Path | None) -> Path:
 
 # Directories of the system itself, never a checkpoint's directory.
 _SYSTEM_DIRS = frozenset(
-    ["/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/nix", "/nix/store", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"]
+    [
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib64",
+        "/nix",
+        "/nix/store",
+        "/opt",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/var",
+    ]
 )
 
 

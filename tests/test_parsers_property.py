@@ -25,11 +25,11 @@ from glm53.fsutil import parse_json, path_problem
 from glm53.output import SafeConsole
 from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
 from glm53.proc import check_url
+from glm53.recipe.profiles import KEYS, load_profile, parse_env_text
 from glm53.repro.image import compare_image_tarballs
 from glm53.repro.manifest import Manifest, diff_manifests, load_manifest
 from glm53.router.fleet import Fleet, parse_fleet
 from glm53.safetext import hostname_problem, mask_secrets, printable
-from glm53.serve.profiles import KEYS, load_profile, parse_env_text
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "0"))
 

@@ -20,7 +20,6 @@ Counts carry popularity only (no order in time), so they can rank experts but ca
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import zipfile
@@ -208,8 +207,9 @@ def _parse_npz(path: Path, data: bytes) -> RoutingTrace:
 def _check_npy_header(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
     """The array a member's .npy header declares must fit in the bytes the member holds: numpy allocates the
     declared shape before it reads (a 1 KiB file claiming 10^12 rows would ask for terabytes)."""
-    # numpy's reader of the .npy header, untyped: read through Any.
-    npy: Any = importlib.import_module("numpy.lib.format")
+    from numpy.lib import format as npy_format  # heavy: numpy loads when a computation needs it
+
+    npy: Any = npy_format  # its header readers are untyped
 
     with archive.open(info) as member:
         try:

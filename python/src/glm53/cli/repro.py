@@ -29,6 +29,7 @@ from glm53.repro.render import (
     render_pins,
 )
 from glm53.repro.resolve import describe_fetches, pending_pins, plan_resolution, write_resolution
+from glm53.safetext import printable
 
 repro_app = typer.Typer(help="Audit the repository, builds and hosts against repro.lock.json.", no_args_is_help=True)
 
@@ -136,7 +137,7 @@ def resolve_cmd(
         return
     result, old, new = plan_resolution(path, timeout=timeout, update=updates)
     if not json_out:
-        typer.echo(result.diff, nl=False)
+        typer.echo(printable(result.diff), nl=False)  # the lock's own text: shown, never acted on
     if not yes:
         if json_out or not sys.stdin.isatty():
             raise BadInput("not written: confirm with --yes", hint="review the diff, then run again with --yes")

@@ -228,7 +228,9 @@ def _check_npy_header(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInf
         count *= int(extent)
     declared = count * dtype.itemsize
     held = info.file_size - header_bytes
-    if dtype.hasobject or declared > held:
+    if dtype.hasobject:
+        raise _bad_binary(path, f"{info.filename}: not a readable numpy archive (Python objects are never unpickled)")
+    if declared > held:
         raise _bad_binary(
             path,
             f"{info.filename}: its header declares {list(shape)} x {dtype} ({declared:,} bytes), more than the "

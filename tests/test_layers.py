@@ -3,7 +3,8 @@
 Every import in python/src/glm53 is read with `ast`: at module level, under TYPE_CHECKING and inside functions,
 relative ones resolved. An import between two packages must be an edge of ALLOWED, which follows the flow order
 
-    errors, output, fsutil -> host, checkpoint, recipe -> plan -> preflight -> serve -> repro, router, bench -> cli
+    errors, safetext, output, fsutil, proc -> host, checkpoint, recipe -> plan -> preflight -> serve
+        -> repro, router, bench -> cli
 
 (a package imports only packages to its left; imports inside one package are always allowed). An import inside a
 function is only ever a heavy or optional third-party dependency, and a comment saying so (`# heavy: ...` or
@@ -25,9 +26,9 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[1] / "python" / "src"
 PACKAGE = SOURCE / "glm53"
 
-# "glm53" is the package's own __init__ (its version); errors, output, fsutil and constants (the default address,
-# the size units) are modules of the lowest layer.
-_FOUNDATION = frozenset({"glm53", "errors", "output", "fsutil", "constants"})
+# "glm53" is the package's own __init__ (its version); errors, safetext, output, fsutil, proc and constants (the
+# default address, the size units) are modules of the lowest layer.
+_FOUNDATION = frozenset({"glm53", "errors", "safetext", "output", "fsutil", "proc", "constants"})
 _FACTS = _FOUNDATION | {"host", "checkpoint", "recipe"}
 _PLANNED = _FACTS | {"plan"}
 _CHECKED = _PLANNED | {"preflight"}
@@ -37,8 +38,10 @@ _SERVED = _CHECKED | {"serve"}
 ALLOWED: dict[str, frozenset[str]] = {
     "glm53": frozenset(),
     "errors": frozenset(),
-    "output": frozenset({"errors"}),
-    "fsutil": frozenset({"errors"}),
+    "safetext": frozenset(),
+    "output": frozenset({"errors", "safetext"}),
+    "fsutil": frozenset({"errors", "safetext"}),
+    "proc": frozenset({"errors", "safetext"}),
     "constants": frozenset(),
     "host": _FOUNDATION,
     "checkpoint": _FOUNDATION,

@@ -12,20 +12,88 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from glm53.errors import BadInput
+from glm53.safetext import quoted
+
+# Linux's limits: a name in a directory (NAME_MAX) and a whole path (PATH_MAX), in bytes.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+# The one output policy of every --out / -o (docs/cli.md's header and each such option's --help state it).
+OUTPUT_POLICY = (
+    "Outputs are written atomically through a symlink to its target; a directory, FIFO, device or socket where "
+    "a file goes is refused."
+)
+
+
+def path_problem(path: os.PathLike[str] | str) -> str | None:
+    """Why `path` cannot name a file on Linux (too long, a NUL byte), or None."""
+    raw = os.fsencode(path)
+    if b"\0" in raw:
+        return "holds a NUL byte"
+    if len(raw) > MAX_PATH_BYTES:
+        return f"is {len(raw):,} bytes long, more than the {MAX_PATH_BYTES:,} a path may be"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > MAX_NAME_BYTES:
+        return f"has a name of {len(longest):,} bytes, more than the {MAX_NAME_BYTES} a file name may be"
+    return None
+
+
+def check_path(path: os.PathLike[str] | str, *, what: str) -> None:
+    """BadInput (exit 2) naming `what` when `path` is too long or holds a NUL byte."""
+    problem = path_problem(path)
+    if problem is not None:
+        raise BadInput(f"{what}: the path {quoted(os.fsdecode(path), limit=120)} {problem}", hint="give a shorter path")
+
+
+_KIND_NAMES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def output_target(path: Path) -> Path:
+    """Where writing `path` goes under the output policy: itself, or the file its symlinks lead to. BadInput
+    when that is a directory, FIFO, device or socket: the atomic rename would replace it (as root, `--out
+    /dev/stdout` would turn /dev/stdout into a regular file), so it is refused."""
+    path = Path(path)
+    check_path(path, what="output")
+    try:
+        info = os.stat(path)  # follows symlinks, /proc's magic links too (/dev/stdout -> a pipe or a tty)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    if info is not None:
+        for test, kind in _KIND_NAMES:
+            if test(info.st_mode):
+                raise BadInput(
+                    f"{path} is {kind}: an output is written to a regular file only",
+                    hint="give a file path (without the option, commands that print write to stdout)",
+                )
+    if not os.path.islink(path):
+        return path
+    target = Path(os.path.realpath(path))
+    if info is None and not target.parent.is_dir():
+        raise BadInput(f"{path} is a symlink to {target}, in a directory that does not exist")
+    return target
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = True, mode: int = 0o644) -> None:
     """Write `data` to `path` through a temp file in the same directory, fsync, then rename.
 
-    A reader sees the old file or the new one, never half of one; on any failure (ENOSPC, EROFS)
-    the temp file is removed and the original is untouched.
+    A reader sees the old file or the new one, never half of one; on any failure (ENOSPC, EROFS, a signal)
+    the temp file is removed and the original is untouched. The output policy (`output_target`): a symlink
+    is written through, to its target; a directory, FIFO, device or socket is refused.
     """
-    path = Path(path)
+    path = output_target(Path(path))
     if not overwrite and path.exists():
         raise BadInput(f"{path} already exists", hint="pass --force to replace it")
     directory = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         raise _write_error(path, exc) from exc
     try:
@@ -41,10 +109,12 @@ def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = True, mode:
         else:
             os.replace(tmp_name, path)
         _fsync_dir(directory)
-    except OSError as exc:
+    except BaseException as exc:  # a signal (glm53.proc.Terminated) or Ctrl-C too: no temp file is left
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
-        raise _write_error(path, exc) from exc
+        if isinstance(exc, OSError):
+            raise _write_error(path, exc) from exc
+        raise
 
 
 # What a newcomer does about a checkpoint directory that is not there (doctor, serve, plan say it).
@@ -55,12 +125,31 @@ GET_THE_CHECKPOINT = (
 
 
 def missing_directory(path: Path) -> str | None:
-    """Why `path` cannot be read as a directory ("does not exist", "is not a directory"), or None."""
+    """Why `path` cannot be read as a directory ("does not exist", "is not a directory", "... too long"), or None."""
+    problem = path_problem(path)
+    if problem is not None:
+        return problem
     if path.is_dir():
         return None
     if not path.exists():
         return "does not exist"
     return "is not a directory"
+
+
+def missing_file(path: Path) -> str | None:
+    """Why `path` cannot be read as a regular file ("does not exist", "is a directory", ...), or None."""
+    problem = path_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(info.st_mode):
+        return None
+    return next((f"is {kind}" for test, kind in _KIND_NAMES if test(info.st_mode)), "is not a regular file")
 
 
 def atomic_write_text(path: Path, text: str, *, overwrite: bool = True) -> None:
@@ -96,10 +185,16 @@ def _write_error(path: Path, exc: OSError) -> BadInput:
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 
 
+# Reads take at most this much at a time: memory follows what a file holds, never the bound.
+READ_CHUNK = 1 << 20
+
+
 def read_bytes_bounded(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of a regular file of at most `max_bytes`. A FIFO, a device or a directory is refused before
-    anything is read (a FIFO would block forever, /dev/zero would fill memory)."""
+    anything is read (a FIFO would block forever, /dev/zero would fill memory). Read in chunks of at most
+    READ_CHUNK: a 4 KiB file costs 4 KiB however large the bound (a 1 GiB bound is not reserved)."""
     path = Path(path)
+    check_path(path, what=what)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
@@ -112,9 +207,12 @@ def read_bytes_bounded(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTE
             raise BadInput(f"{what}: {path} is not a regular file", hint="pass the file itself, not a pipe or device")
         if info.st_size > max_bytes:
             raise BadInput(f"{what}: {path} is {info.st_size:,} bytes, more than the {max_bytes:,} this takes")
-        data = b""
-        while len(data) <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - len(data))):
-            data += chunk
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes and (chunk := os.read(fd, min(READ_CHUNK, max_bytes + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
     except OSError as exc:
         raise BadInput(f"{what}: cannot read {path}: {exc.strerror}") from exc
     finally:
@@ -132,18 +230,39 @@ def read_text_bounded(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTES
         raise BadInput(f"{what}: {path} is not UTF-8 text (byte {exc.start})") from exc
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are distinct: with a key twice, which value counts depends on the reader."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return value
+
+
 def parse_json(raw: str | bytes, *, what: str, hint: str | None = None) -> Any:
     """JSON from any source (a file, a server, a value), every failure a BadInput that names it: bad syntax,
-    bad UTF-8, nesting deeper than Python's recursion allows, integers longer than Python converts."""
+    bad UTF-8, nesting deeper than Python's recursion allows, integers longer than Python converts (4300
+    digits), a key twice in one object."""
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise BadInput(f"{what}: the key {quoted(str(exc), limit=80)} appears twice in one object", hint=hint) from exc
     except json.JSONDecodeError as exc:
         raise BadInput(f"{what} is not valid JSON: {exc}", hint=hint) from exc
     except UnicodeDecodeError as exc:
         raise BadInput(f"{what} is not UTF-8 JSON (byte {exc.start})", hint=hint) from exc
     except RecursionError as exc:
         raise BadInput(f"{what}: JSON nested too deeply to read", hint=hint) from exc
-    except ValueError as exc:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+    except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        if "digits" in str(exc):
+            raise BadInput(f"{what}: a number of more than 4300 digits (the longest read)", hint=hint) from exc
         raise BadInput(f"{what}: {exc}", hint=hint) from exc
 
 

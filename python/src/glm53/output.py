@@ -14,15 +14,27 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from rich.console import Console
 
+from glm53.safetext import shown
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
+    from rich.text import Text
+
+
+class SafeConsole(Console):
+    """A rich Console that shows every string it renders through `glm53.safetext.shown`: a file name, a
+    hostname or a server's answer with escape sequences or bidi overrides is shown escaped, never acted on,
+    and a URL's `user:SECRET@` is masked. Strings are rich's one way in (tables, messages, panels)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(shown(text), **kwargs)
 
 
 class Output:
     def __init__(self, *, json_mode: bool = False) -> None:
         self.json_mode = json_mode
-        self.out = Console(soft_wrap=True)
-        self.err = Console(stderr=True, soft_wrap=True)
+        self.out = SafeConsole(soft_wrap=True)
+        self.err = SafeConsole(stderr=True, soft_wrap=True)
 
     def result(self, value: BaseModel | dict[str, Any] | list[Any], render: Callable[[Console], None]) -> None:
         """Emit a command's result: as JSON when asked, otherwise through `render`."""

@@ -13,7 +13,6 @@ import math
 import os
 import platform
 import socket
-import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -29,9 +28,10 @@ from glm53.bench.coherence import CoherenceSection
 from glm53.bench.gates import GateResult
 from glm53.bench.needle import NeedleSection
 from glm53.bench.runner import RunSection
-from glm53.errors import BadInput, invalid_document
+from glm53.errors import BadInput, Glm53Error, invalid_document
 from glm53.fsutil import atomic_write_json, read_json
 from glm53.host import gpus as host_gpus
+from glm53.proc import TimedOut, environment, run
 from glm53.recipe.pins import repro_lock_sha256
 from glm53.recipe.profiles import DEFAULT_PROFILE, KEYS, load_profile, read_env_file
 from glm53.repro.manifest import Manifest, build_manifest
@@ -331,12 +331,15 @@ def git_state(start: Path) -> tuple[str | None, bool | None]:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(
-                ["git", "-C", str(start), *args], capture_output=True, text=True, timeout=10, check=False
+            done = run(
+                ["git", "-C", str(start), *args],
+                env=environment(LC_ALL="C", GIT_CONFIG_NOSYSTEM="1"),
+                what="reading the checkout's commit",
+                timeout=10,
             )
-        except (OSError, subprocess.TimeoutExpired):
+        except (Glm53Error, TimedOut):
             return None
-        return done.stdout if done.returncode == 0 else None
+        return done.stdout.decode("utf-8", errors="replace") if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
     if commit is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.constants import DEFAULT_BASE_URL
+from glm53.fsutil import OUTPUT_POLICY
 
 DEFAULT_REPORT_DIR = Path("glm53-bench")
 
@@ -19,7 +20,8 @@ class Target(BaseModel):
     base_url: str = Field(DEFAULT_BASE_URL, description="The server's URL (OpenAI-compatible vLLM).")
     model: str | None = Field(None, description="Served model name (default: the first in /v1/models).")
     out_dir: Path = Field(
-        DEFAULT_REPORT_DIR, description="Report directory: summary.json (+ plots) are written or updated there."
+        DEFAULT_REPORT_DIR,
+        description="Report directory: summary.json (+ plots) are written or updated there. " + OUTPUT_POLICY,
     )
     timeout_s: float = Field(1800.0, ge=1.0, description="Seconds without data before a request is given up.")
     serve_profile: str | None = Field(

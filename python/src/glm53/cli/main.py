@@ -11,7 +11,7 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
 import glm53
 from glm53.cli import (
@@ -29,7 +29,10 @@ from glm53.cli import (
     systemd,
 )
 from glm53.cli.app import App
+from glm53.cli.guard import check_path_arguments
 from glm53.errors import Glm53Error
+from glm53.output import SafeConsole
+from glm53.proc import Terminated, handle_termination
 
 app = App(
     name="glm53",
@@ -57,18 +60,24 @@ def _root(
 # One command module per noun; each adds its commands (or its group) to the app.
 for command in (model, serve, profile, doctor, demo, plan, probe, bench, repro, systemd, router, fleet):
     command.register(app)
+check_path_arguments(app)
 
 
 def main() -> None:
     # Standalone mode keeps Click's own handling of usage errors (exit 2) and Ctrl-C; our errors pass
     # through it untouched and become their exit code here.
     try:
-        app()
+        # SIGTERM unwinds like Ctrl-C: children are killed and temp files removed on the way out.
+        with handle_termination():
+            app()
+    except Terminated as exc:
+        sys.exit(128 + exc.signum)
     except Glm53Error as exc:
-        err = Console(stderr=True, soft_wrap=True)
-        err.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
+        err = SafeConsole(stderr=True, soft_wrap=True)
+        # A message quotes paths and values from outside: markup in them is text, not style.
+        err.print(f"[bold red]error:[/bold red] {escape(exc.message)}", highlight=False)
         if exc.hint:
-            err.print(f"[dim]hint:[/dim] {exc.hint}", highlight=False)
+            err.print(f"[dim]hint:[/dim] {escape(exc.hint)}", highlight=False)
         if os.environ.get("GLM53_DEBUG"):
             raise
         sys.exit(exc.exit_code)

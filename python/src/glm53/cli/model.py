@@ -15,6 +15,7 @@ from glm53.checkpoint.render import install_json, render_download, render_instal
 from glm53.checkpoint.verify import verify_checkpoint
 from glm53.cli.app import App
 from glm53.cli.options import (
+    OUT_POLICY,
     ForceOpt,
     JobsOpt,
     JsonOpt,
@@ -51,7 +52,7 @@ def lock_cmd(
         typer.Option(
             "--out",
             help="Lock file to write (default: MODEL_DIR/checkpoint.lock.json, or ./checkpoint.lock.json from the "
-            "Hub).",
+            "Hub)." + OUT_POLICY,
         ),
     ] = None,
     jobs: JobsOpt = None,

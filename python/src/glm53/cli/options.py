@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from glm53.errors import BadInput
+from glm53.fsutil import OUTPUT_POLICY
 from glm53.recipe.profiles import PROFILE_NAMES
 from glm53.router.capacity import FiguresProfile
 
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 else:
     # The packaged profiles as choices: a data file added to data/profiles is a new choice.
     ProfileName = Literal[PROFILE_NAMES]
+
+# Appended to the help of every --out / -o: the one output policy (glm53.fsutil.output_target).
+OUT_POLICY = " " + OUTPUT_POLICY
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output file.")]
@@ -130,7 +134,7 @@ Glm53PathOpt = Annotated[
 ]
 UnitOutOpt = Annotated[
     Path | None,
-    typer.Option("--out", help="Write the unit to this file (atomically) instead of stdout.", show_default=False),
+    typer.Option("--out", help="Write the unit to this file instead of stdout." + OUT_POLICY, show_default=False),
 ]
 # `glm53 bench`'s key: a file or the environment keep it out of argv (/proc/PID/cmdline shows argv to every user).
 BenchApiKeyOpt = Annotated[

@@ -10,6 +10,7 @@ import typer
 from glm53.cli.app import App
 from glm53.cli.model_options import Flag, flag_name, flags_of, options_from
 from glm53.cli.options import (
+    OUT_POLICY,
     ForceOpt,
     HostRootOpt,
     JsonOpt,
@@ -128,7 +129,8 @@ def host_cmd(
     host_root: HostRootOpt = Path("/"),
     env: Annotated[bool, typer.Option("--env", help="Print KEY=VALUE lines for the entrypoint.")] = False,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Directory to write plan.json, plan.env and the rankings into.")
+        Path | None,
+        typer.Option("--out", help="Directory to write plan.json, plan.env and the rankings into." + OUT_POLICY),
     ] = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
@@ -291,7 +293,7 @@ def simulate(
         ),
     ] = "0.5:1,0.15:1,0.5:0.5",
     drift_seed: Annotated[int, typer.Option("--drift-seed", min=0, help="Seed of the drift permutations.")] = 0,
-    out: Annotated[Path | None, typer.Option("--out", help="Write the report JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the report JSON here." + OUT_POLICY)] = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
@@ -350,7 +352,11 @@ SYNTH_FLAGS = {
 def synth(
     out: Annotated[
         Path,
-        typer.Option("--out", help="Trace file to write (JSONL; binary numpy if it ends in .npz).", show_default=False),
+        typer.Option(
+            "--out",
+            help="Trace file to write (JSONL; binary numpy if it ends in .npz)." + OUT_POLICY,
+            show_default=False,
+        ),
     ],
     spec: SyntheticTraceSpec,
     counts: Annotated[Path | None, typer.Option("--counts", help="Also write the counts file here.")] = None,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from glm53.cli.options import ForceOpt, JsonOpt, refuse_to_replace
+from glm53.cli.options import OUT_POLICY, ForceOpt, JsonOpt, refuse_to_replace
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json
 from glm53.host.probe import timed_probe
@@ -20,7 +20,7 @@ def probe(
     block_bytes: Annotated[int, typer.Option("--block-bytes", min=1, help="Bytes per copy (one expert).")] = 9_474_060,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Copies timed per memory kind.")] = 50,
     device: Annotated[int, typer.Option("--device", min=0, help="CUDA device index.")] = 0,
-    out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON report here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON report here." + OUT_POLICY)] = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:

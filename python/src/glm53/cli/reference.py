@@ -27,6 +27,16 @@ HEADER = """# Command reference
 
 Generated from each command's `--help` by `python -m glm53.cli.reference` (`make cli-docs`); a test fails when
 this file and the code disagree. Every command takes `--help`; reporting commands take `--json`.
+
+Exit codes: 0 done, 1 a check failed, 2 bad input (nothing was changed), 3 the environment cannot do it (a
+program, a GPU, a server missing), 128 + N when signal N ended the command (143: SIGTERM); on SIGTERM, SIGHUP
+and Ctrl-C every child process is killed and every temp file removed first.
+
+Outputs (`--out`, `-o`): written atomically, through a temp file in the same directory and a rename. A symlink
+is written through to its target; a directory, FIFO, device or socket where a file goes is refused (exit 2), so
+`--out /dev/stdout` is refused: leave `--out` out to print. Paths: a name longer than 255 bytes or a path longer
+than 4096 is refused (exit 2) before the command runs. Names, values and server answers are shown with control
+and bidi characters escaped (`\\x1b`, `\\u202e`) and a URL's password masked (`user:***@`).
 """
 
 

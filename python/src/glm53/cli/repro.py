@@ -11,8 +11,17 @@ from typing import Annotated
 import typer
 
 from glm53.cli.app import App
-from glm53.cli.options import ForceOpt, JsonOpt, ModelDirOpt, OptionalProfileOpt, ReproLockOpt, refuse_to_replace
+from glm53.cli.options import (
+    OUT_POLICY,
+    ForceOpt,
+    JsonOpt,
+    ModelDirOpt,
+    OptionalProfileOpt,
+    ReproLockOpt,
+    refuse_to_replace,
+)
 from glm53.errors import BadInput, CheckFailed
+from glm53.fsutil import missing_directory
 from glm53.host.facts import read_host_facts
 from glm53.output import Output
 from glm53.preflight.doctor import audit_host, limits_from_lock
@@ -29,6 +38,7 @@ from glm53.repro.render import (
     render_pins,
 )
 from glm53.repro.resolve import ResolvePreview, describe_fetches, pending_pins, plan_resolution, write_resolution
+from glm53.safetext import printable
 
 repro_app = App(help="Audit the repository, builds and hosts against repro.lock.json.", no_args_is_help=True)
 
@@ -171,7 +181,7 @@ def resolve_cmd(
         return
     result, old, new = plan_resolution(path, timeout=timeout, update=updates)
     if not json_out:
-        typer.echo(result.diff, nl=False)
+        typer.echo(printable(result.diff), nl=False)  # the lock's own text: shown, never acted on
     if not yes:
         if json_out or not sys.stdin.isatty():
             raise BadInput("not written: confirm with --yes", hint="review the diff, then run again with --yes")
@@ -205,6 +215,8 @@ def audit_image_cmd(
             raise BadInput("--tarball takes exactly two files", hint="--tarball A.tar --tarball B.tar")
         result = compare_image_tarballs(tarball[0], tarball[1])
     else:
+        if keep is not None and (problem := missing_directory(keep)) is not None:
+            raise BadInput(f"--keep: {keep} {problem}", hint="create the directory first, or leave --keep out")
         with tempfile.TemporaryDirectory(prefix="glm53-image-", dir=keep) as tmp:
             where = keep if keep is not None else Path(tmp)
             a, b = stream_image_twice(installable, where)
@@ -219,7 +231,9 @@ def audit_image_cmd(
 
 @repro_app.command("manifest")
 def manifest_cmd(
-    output: Annotated[Path, typer.Option("--out", help="Write the manifest here.")] = Path("host-manifest.json"),
+    output: Annotated[Path, typer.Option("--out", help="Write the manifest here." + OUT_POLICY)] = Path(
+        "host-manifest.json"
+    ),
     model_dir: ModelDirOpt = None,
     profile: OptionalProfileOpt = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Do not verify the checkpoint.")] = False,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import struct
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -28,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import Unavailable
 from glm53.host.os_packages import install_command, read_os_packages
+from glm53.proc import TimedOut, environment, run
 
 ELF_MAGIC = b"\x7fELF"
 PT_LOAD, PT_DYNAMIC = 1, 2
@@ -199,10 +199,11 @@ def read_loader_view(environ: Mapping[str, str] | None = None) -> LoaderView:
     text = ""
     for ldconfig in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
         try:
-            text = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=20).stdout
-            break
-        except (OSError, subprocess.TimeoutExpired):
+            done = run([ldconfig, "-p"], env=environment(LC_ALL="C"), what="reading the loader cache", timeout=20)
+        except (Unavailable, TimedOut):
             continue
+        text = done.stdout.decode("utf-8", errors="replace")
+        break
     return LoaderView(
         ld_library_path=[p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p],
         cache=parse_ldconfig(text),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
@@ -43,12 +44,31 @@ def layer_map(
                 on_result(len(results))
         return results
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context, initializer=_worker_signals)
+    try:
         for result in pool.map(function, tasks):
             results.append(result)
             if on_result is not None:
                 on_result(len(results))
+    except BaseException:
+        # An error, Ctrl-C or SIGTERM (glm53.proc.Terminated): end the workers here rather than leave them
+        # blocked on a queue nobody reads (Python 3.11's executor has no public way to, hence _processes).
+        workers_now = list((pool._processes or {}).values())
+        for process in workers_now:
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in workers_now:
+            process.join(timeout=5)
+        raise
+    pool.shutdown(wait=True)
     return results
+
+
+def _worker_signals() -> None:
+    """A worker dies of SIGTERM (as `layer_map` ends it) and leaves Ctrl-C to the command, which ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 __all__ = ["SMALL_WORK", "cpu_seconds", "default_workers", "layer_map"]

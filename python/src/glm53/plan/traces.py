@@ -166,8 +166,10 @@ def _parse_npz(path: Path, data: bytes) -> RoutingTrace:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive_zip:  # a compressed member may expand: bound it first
             expanded = sum(info.file_size for info in archive_zip.infolist())
-        if expanded > MAX_TRACE_BYTES:
-            raise _bad_binary(path, f"its arrays expand to {expanded:,} bytes, more than {MAX_TRACE_BYTES:,}")
+            if expanded > MAX_TRACE_BYTES:
+                raise _bad_binary(path, f"its arrays expand to {expanded:,} bytes, more than {MAX_TRACE_BYTES:,}")
+            for info in archive_zip.infolist():
+                _check_npy_header(path, archive_zip, info)
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             if set(archive.files) != {"header", "routes"}:
                 raise _bad_binary(path, f"expected the arrays header and routes, found {sorted(archive.files)[:4]}")
@@ -200,6 +202,40 @@ def _parse_npz(path: Path, data: bytes) -> RoutingTrace:
         step, layer = (int(v) for v in np.argwhere(twice)[0])
         raise _bad_binary(path, f"step {step}: layer {header.layers[layer]} lists an expert twice")
     return RoutingTrace(tuple(header.layers), header.experts, header.top_k, routes)
+
+
+def _check_npy_header(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+    """The array a member's .npy header declares must fit in the bytes the member holds: numpy allocates the
+    declared shape before it reads (a 1 KiB file claiming 10^12 rows would ask for terabytes)."""
+    from numpy.lib import format as npy_format  # heavy: numpy loads when a computation needs it
+
+    npy: Any = npy_format  # its header readers are untyped
+
+    with archive.open(info) as member:
+        try:
+            version = npy.read_magic(member)
+            if version == (1, 0):
+                shape, _, dtype = npy.read_array_header_1_0(member, max_header_size=1 << 16)
+            elif version in ((2, 0), (3, 0)):
+                shape, _, dtype = npy.read_array_header_2_0(member, max_header_size=1 << 16)
+            else:
+                raise ValueError(f"npy format version {version}")
+        except (ValueError, OSError, EOFError) as exc:
+            raise _bad_binary(path, f"{info.filename}: not a numpy array ({str(exc)[:80]})") from exc
+        header_bytes = member.tell()
+    count = 1
+    for extent in shape:
+        count *= int(extent)
+    declared = count * dtype.itemsize
+    held = info.file_size - header_bytes
+    if dtype.hasobject:
+        raise _bad_binary(path, f"{info.filename}: not a readable numpy archive (Python objects are never unpickled)")
+    if declared > held:
+        raise _bad_binary(
+            path,
+            f"{info.filename}: its header declares {list(shape)} x {dtype} ({declared:,} bytes), more than the "
+            f"{max(held, 0):,} bytes it holds",
+        )
 
 
 def _bad_binary(path: Path, problem: str) -> BadInput:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
 from glm53.fsutil import parse_json, read_text_bounded
+from glm53.safetext import printable
 
 Kind = Literal["str", "int", "float", "bool", "json", "path"]
 # flag: a vLLM command-line flag; env: exported to the engine's environment; config: a field of the engine's
@@ -595,9 +596,22 @@ def parse_env_text(text: str, *, source: str) -> tuple[list[_Line], list[str]]:
     """
     lines: list[_Line] = []
     comments: list[str] = []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
+    if text.startswith("\ufeff"):
+        raise BadInput(
+            f"{source} starts with a byte order mark (BOM), which a shell reads as part of the first key",
+            hint="save the file as UTF-8 without BOM",
+        )
+    # Lines end at \n (and \r\n) only: str.splitlines() would also split at \x1c, \x85 or \u2028 inside a value.
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        raw = raw.removesuffix("\r")
         where = f"{source}:{lineno}"
+        bad = next((char for char in raw if char != "\t" and not char.isprintable()), None)
+        if bad is not None:
+            raise BadInput(
+                f"{where}: holds the control or invisible character {printable(bad)} (U+{ord(bad):04X})",
+                hint="values are plain text: remove it (a terminal or a shell would act on it)",
+            )
+        line = raw.strip()
         if not line:
             continue
         if line.startswith("#"):

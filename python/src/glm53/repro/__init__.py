@@ -20,8 +20,10 @@ from pydantic import BaseModel, computed_field
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import read_bytes_bounded, read_json
+from glm53.proc import BASE_ENV, NETWORK_ENV, environment, run
 from glm53.recipe.pins import ReproLock
 from glm53.recipe.profiles import load_profile
+from glm53.safetext import mask_secrets, quoted
 
 MAX_TRACKED_FILE_BYTES = 20 * 1024 * 1024
 
@@ -60,11 +62,15 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt")
 
 
 def _tracked_files(root: Path) -> list[Path]:
-    try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], check=True, capture_output=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise BadInput(f"{root} is not a git checkout", hint="run inside the glm53 repository") from exc
-    return [root / os.fsdecode(name) for name in out.split(b"\0") if name]
+    listed = run(
+        ["git", "-C", str(root), "ls-files", "-z"],
+        env=environment(LC_ALL="C", GIT_CONFIG_NOSYSTEM="1"),
+        what="listing the tracked files",
+        missing_hint="install git",
+    )
+    if listed.returncode != 0:
+        raise BadInput(f"{root} is not a git checkout", hint="run inside the glm53 repository")
+    return [root / os.fsdecode(name) for name in listed.stdout.split(b"\0") if name]
 
 
 def _flake_nixpkgs(root: Path) -> dict[str, object]:
@@ -214,9 +220,25 @@ class BuildAudit(BaseModel):
 
 
 def _nix_env() -> dict[str, str]:
-    env = dict(os.environ)
+    """Nix's own settings (NIX_*, XDG_*), a proxy and certificates: the rest of our environment stays here."""
+    own = [name for name in os.environ if name.startswith(("NIX_", "XDG_"))]
+    env = environment((*BASE_ENV, *NETWORK_ENV, *own))
     env.setdefault("NIX_CONFIG", "experimental-features = nix-command flakes")
     return env
+
+
+def _nix(nix: str, args: list[str], *, what: str, missing_hint: str) -> subprocess.CompletedProcess[str]:
+    done = run([nix, *args], env=_nix_env(), what=what, missing_hint=missing_hint)
+    out, err = (stream.decode("utf-8", errors="replace") for stream in (done.stdout, done.stderr))
+    return subprocess.CompletedProcess(done.args, done.returncode, out, mask_secrets(err))
+
+
+def positional_installables(targets: list[str], what: str) -> list[str]:
+    """`--` before the installables: data, never an option (a flake output named `--option=...`)."""
+    for target in targets:
+        if target.startswith("-"):
+            raise BadInput(f"{what} {quoted(target)} starts with '-'", hint="name a flake output such as .#glm53")
+    return ["--", *targets] if targets else []
 
 
 _MISSING_BUILD_GROUP = re.compile(r"the group '([^']*)' specified in 'build-users-group' does not exist")
@@ -240,12 +262,7 @@ def nix_build_outputs(nix: str, targets: list[str], label: str, *, missing_hint:
     without nix or with a host set-up problem (`missing_hint` says what to do without nix), 2 when the build
     fails or prints what nix build --json never prints."""
     # --json rather than --print-out-paths: the latter is newer than the Nix 2.8 some hosts still run.
-    try:
-        built = subprocess.run(
-            [nix, "build", "--no-link", "--json", *targets], capture_output=True, text=True, env=_nix_env()
-        )
-    except FileNotFoundError as exc:
-        raise Unavailable("nix is not installed", hint=missing_hint) from exc
+    built = _nix(nix, ["build", "--no-link", "--json", *targets], what=f"building {label}", missing_hint=missing_hint)
     if built.returncode != 0:
         _explain_nix_setup(built.stderr)
         raise BadInput(f"nix could not build {label}: {built.stderr.strip()[-800:]}")
@@ -260,21 +277,21 @@ def nix_build_outputs(nix: str, targets: list[str], label: str, *, missing_hint:
 
 def nix_rebuild(nix: str, targets: list[str]) -> subprocess.CompletedProcess[str]:
     """`nix build --rebuild`: build again and compare with the store's copy bit for bit (non-zero when they differ)."""
-    return subprocess.run(
-        [nix, "build", "--rebuild", "--no-link", "--json", *targets], capture_output=True, text=True, env=_nix_env()
+    return _nix(
+        nix, ["build", "--rebuild", "--no-link", "--json", *targets], what="rebuilding", missing_hint="install Nix"
     )
 
 
 def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | None = None) -> BuildAudit:
     """Build once, then rebuild and compare bit for bit (`nix build --rebuild`)."""
-    targets = [*(extra_args or []), *([installable] if installable else [])]
+    targets = [*(extra_args or []), *positional_installables([installable] if installable else [], "the installable")]
     label = installable or " ".join(extra_args or [])
     outputs = nix_build_outputs(nix, targets, label, missing_hint="install Nix (2.8 or newer)")
     out_paths = [path for entry in outputs for path in entry.values()]
     second = nix_rebuild(nix, targets)
     hashes = {}
     for path in out_paths:
-        info = subprocess.run([nix, "path-info", "--json", path], capture_output=True, text=True, env=_nix_env())
+        info = _nix(nix, ["path-info", "--json", "--", path], what="describing an output", missing_hint="install Nix")
         if info.returncode == 0:
             try:
                 parsed = json.loads(info.stdout)

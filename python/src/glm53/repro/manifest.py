@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, ValidationError, computed_field, field_validator
 
 from glm53.checkpoint.lock import default_lock_path, load_lock
 from glm53.checkpoint.verify import verify_checkpoint
@@ -30,6 +30,8 @@ from glm53.fsutil import atomic_write_json, read_json
 from glm53.host.facts import read_host_facts
 from glm53.host.gpus import read_gpus
 from glm53.recipe.pins import find_repro_lock, load_repro_lock, repro_lock_sha256
+from glm53.recipe.profiles import PROFILE_NAMES
+from glm53.safetext import quoted
 from glm53.serve.resolve import ServeRequest, resolve_launch
 
 MANIFEST_SCHEMA: Literal["glm53.repro-manifest/1"] = "glm53.repro-manifest/1"
@@ -126,6 +128,15 @@ class Manifest(_Model):
     schema_version: Literal["glm53.repro-manifest/1"] = MANIFEST_SCHEMA
     created_at: str
     hostname: str
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, value: str) -> str:
+        # Shown in every diff: a name with white space, escape sequences or bidi overrides is not a host's.
+        if not value or not value.isprintable() or any(char.isspace() for char in value):
+            raise ValueError(f"{quoted(value, limit=80)} holds white space, control or bidi characters")
+        return value
+
     host: HostSection
     python: PythonSection
     packages: dict[str, str | None]
@@ -262,7 +273,10 @@ def build_manifest(
     gpu_reader: Callable[[], Any] | None = None,
     root: Path = Path("/"),
 ) -> Manifest:
-    """This host's manifest. A fact that cannot be read is None (with its error), never an exception."""
+    """This host's manifest. A fact that cannot be read is None (with its error), never an exception; a profile
+    that does not exist is the caller's mistake (BadInput), not a fact of the host."""
+    if profile is not None and profile not in PROFILE_NAMES:
+        raise BadInput(f"--profile: unknown profile {profile!r}", hint=f"known profiles: {', '.join(PROFILE_NAMES)}")
     try:
         found = lock_path or find_repro_lock(Path.cwd())
         lock = LockSection(path=str(found) if found else None, sha256=repro_lock_sha256(found) if found else None)
@@ -270,7 +284,7 @@ def build_manifest(
         lock = LockSection(path=str(lock_path) if lock_path else None, sha256=None)
     return Manifest(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        hostname=socket.gethostname(),
+        hostname="".join(c if c.isprintable() and not c.isspace() else "?" for c in socket.gethostname()) or "?",
         host=_host_section(gpu_reader, root),
         python=PythonSection(
             version=platform.python_version(),

@@ -25,13 +25,17 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from subprocess import CompletedProcess
+from typing import IO
 
 from pydantic import BaseModel
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text, read_text_bounded
+from glm53.proc import BASE_ENV, GIT_SCHEMES, NETWORK_ENV, TimedOut, check_commit, check_url, environment, run, text
 from glm53.recipe.pins import ReproLock, SourcePin, load_repro_lock
 from glm53.repro.nar import nar_hash_tar
+from glm53.safetext import shown
 
 SOURCE_PINS = ("vllm", "glm53_overlay")
 # Pins that follow the upstream's default branch rather than a published short commit.
@@ -115,57 +119,84 @@ def pending_pins(lock: ReproLock, *, update: tuple[str, ...] = ()) -> list[Pendi
             )
         if pin.rev is not None and not pin.rev.startswith(short):
             raise BadInput(f"engine.{name}: rev {pin.rev} does not start with short_rev {short}")
-        pending.append(PendingPin(name=name, url=pin.url, short_rev=short, rev=pin.rev))
+        url = check_url(pin.url, what=f"engine.{name}.url")
+        pending.append(PendingPin(name=name, url=url, short_rev=short, rev=pin.rev))
     tabby = lock.engine.tabbyapi
     if "tabbyapi" in update or tabby.rev is None or tabby.hash is None:
         rev = None if "tabbyapi" in update else tabby.rev
-        pending.append(PendingPin(name="tabbyapi", url=tabby.url, short_rev=None, rev=rev))
+        url = check_url(tabby.url, what="engine.tabbyapi.url")
+        pending.append(PendingPin(name="tabbyapi", url=url, short_rev=None, rev=rev))
     return pending
 
 
 def describe_fetches(pending: list[PendingPin]) -> str:
-    return "; ".join(f"engine.{p.name}: {_wanted(p)} from {p.url}" for p in pending)
+    return "; ".join(f"engine.{p.name}: {_wanted(p)} from {shown(p.url)}" for p in pending)
+
+
+# The variables git may see: ours for programs, home, proxies and certificates; the user's own git settings
+# through GIT_CONFIG_COUNT/KEY_n/VALUE_n and an ssh command; nothing else (GIT_DIR and the like would point
+# git elsewhere).
+_GIT_KEEP = (*BASE_ENV, *NETWORK_ENV, "GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH")
 
 
 def _git_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env |= {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1"}
-    return env
+    user_config = [name for name in os.environ if re.fullmatch(r"GIT_CONFIG_(COUNT|KEY_[0-9]+|VALUE_[0-9]+)", name)]
+    return environment(
+        (*_GIT_KEEP, *user_config),
+        GIT_TERMINAL_PROMPT="0",
+        GIT_ASKPASS="true",
+        LC_ALL="C",
+        GIT_CONFIG_NOSYSTEM="1",
+        # No transport that runs a command (ext::) or reads a descriptor (fd::), whatever a config says.
+        GIT_ALLOW_PROTOCOL=":".join(GIT_SCHEMES),
+    )
 
 
-def _git(args: list[str], *, what: str, pin: PendingPin, timeout: float) -> subprocess.CompletedProcess[bytes]:
+def _local_git(
+    args: list[str], *, what: str, stdout: int | IO[bytes] | None = subprocess.PIPE
+) -> CompletedProcess[bytes]:
+    """git on a repository of our own temp dir (init, rev-parse, cat-file, log, archive)."""
+    return run(["git", *args], env=_git_env(), what=what, stdout=stdout, missing_hint="install git")
+
+
+def _git(args: list[str], *, what: str, pin: PendingPin, timeout: float) -> CompletedProcess[bytes]:
+    """git talking to the pin's upstream, bounded by `timeout` (the whole process group is killed at its end)."""
+    check_url(pin.url, what=f"engine.{pin.name}.url")
     try:
-        done = subprocess.run(
+        return run(
             ["git", "-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=60", *args],
-            capture_output=True,
             env=_git_env(),
+            what=f"engine.{pin.name}: {what}",
             timeout=timeout,
-            check=False,
+            missing_hint="install git",
         )
-    except FileNotFoundError as exc:
-        raise Unavailable("git is not installed", hint="install git") from exc
-    except subprocess.TimeoutExpired as exc:
+    except TimedOut as exc:
         raise Unavailable(
-            f"engine.{pin.name}: {what} from {pin.url} took longer than {timeout:.0f} s",
-            hint=f"check the network and run again; it would fetch {_wanted(pin)} from {pin.url}",
+            f"engine.{pin.name}: {what} from {shown(pin.url)} took longer than {timeout:.0f} s",
+            hint=f"check the network and run again; it would fetch {_wanted(pin)} from {shown(pin.url)}",
         ) from exc
-    return done
 
 
-def _fail(done: subprocess.CompletedProcess[bytes], *, what: str, pin: PendingPin) -> None:
+def _fail(done: CompletedProcess[bytes], *, what: str, pin: PendingPin) -> None:
     if done.returncode == 0:
         return
-    message = done.stderr.decode(errors="replace").strip()
+    message = text(done.stderr)
     last = message.splitlines()[-1] if message else f"git exited {done.returncode}"
     if any(marker in message.lower() for marker in _NETWORK_ERRORS):
         raise Unavailable(
-            f"engine.{pin.name}: {what} from {pin.url} failed: {last}",
-            hint=f"run again where {pin.url} is reachable; it would fetch {_wanted(pin)} (nothing was written)",
+            f"engine.{pin.name}: {what} from {shown(pin.url)} failed: {last}",
+            hint=f"run again where {shown(pin.url)} is reachable; it would fetch {_wanted(pin)} (nothing was written)",
         )
-    raise BadInput(f"engine.{pin.name}: {what} from {pin.url} failed: {last}")
+    raise BadInput(f"engine.{pin.name}: {what} from {shown(pin.url)} failed: {last}")
 
 
 _REFSPECS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
+
+
+def _init(repo: Path) -> None:
+    done = _local_git(["init", "-q", "--bare", "--", str(repo)], what="creating a scratch repository")
+    if done.returncode != 0:
+        raise Unavailable(f"git init {repo} failed: {text(done.stderr)}")
 
 
 def full_commit(pin: PendingPin, work: Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
@@ -176,78 +207,73 @@ def full_commit(pin: PendingPin, work: Path, *, timeout: float = DEFAULT_TIMEOUT
     if pin.short_rev is None:
         return _head_commit(pin, timeout=timeout)
     repo = work / f"{pin.name}-commits.git"
-    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True, env=_git_env())
+    _init(repo)
     done = _git(
-        ["-C", str(repo), "fetch", "-q", "--no-tags", "--filter=tree:0", pin.url, *_REFSPECS],
+        ["-C", str(repo), "fetch", "-q", "--no-tags", "--filter=tree:0", "--end-of-options", pin.url, *_REFSPECS],
         what="listing commits",
         pin=pin,
         timeout=timeout,
     )
     _fail(done, what="listing commits", pin=pin)
-    listed = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--disambiguate=" + pin.short_rev],
-        capture_output=True,
-        env=_git_env(),
-        check=False,
-    )
-    candidates = sorted(set(listed.stdout.decode().split()))
+    short = check_commit(pin.short_rev, what=f"engine.{pin.name}.short_rev")
+    listed = _local_git(["-C", str(repo), "rev-parse", "--disambiguate=" + short], what="listing candidates")
+    candidates = [oid for oid in sorted(set(listed.stdout.decode().split())) if re.fullmatch("[0-9a-f]{40,64}", oid)]
     commits = [
         oid
         for oid in candidates
-        if subprocess.run(
-            ["git", "-C", str(repo), "cat-file", "-t", oid], capture_output=True, env=_git_env(), check=False
-        ).stdout.strip()
-        == b"commit"
+        if _local_git(["-C", str(repo), "cat-file", "-t", oid], what="listing candidates").stdout.strip() == b"commit"
     ]
     if not commits:
         raise BadInput(
-            f"engine.{pin.name}: no commit {pin.short_rev} on any branch or tag of {pin.url}",
+            f"engine.{pin.name}: no commit {pin.short_rev} on any branch or tag of {shown(pin.url)}",
             hint="check short_rev and url in the lock (the commit may live only in a fork)",
         )
     if len(commits) > 1:
         raise BadInput(
-            f"engine.{pin.name}: short commit {pin.short_rev} is ambiguous at {pin.url}: " + ", ".join(commits),
+            f"engine.{pin.name}: short commit {pin.short_rev} is ambiguous at {shown(pin.url)}: " + ", ".join(commits),
             hint="set a longer short_rev (or rev) in the lock",
         )
     return commits[0]
 
 
 def _head_commit(pin: PendingPin, *, timeout: float) -> str:
-    done = _git(["ls-remote", pin.url, "HEAD"], what="reading HEAD", pin=pin, timeout=timeout)
+    done = _git(["ls-remote", "--end-of-options", pin.url, "HEAD"], what="reading HEAD", pin=pin, timeout=timeout)
     _fail(done, what="reading HEAD", pin=pin)
     fields = done.stdout.decode(errors="replace").split()
     if len(fields) < 2 or fields[1] != "HEAD" or not re.fullmatch(r"[0-9a-f]{40}", fields[0]):
-        raise BadInput(f"engine.{pin.name}: {pin.url} names no default branch (HEAD)", hint="set rev in the lock")
+        raise BadInput(
+            f"engine.{pin.name}: {shown(pin.url)} names no default branch (HEAD)", hint="set rev in the lock"
+        )
     return fields[0]
 
 
 def commit_date(pin: PendingPin, rev: str, work: Path) -> str:
     """The committer date (YYYY-MM-DD) of `rev`, read from the repository `tree_hash` fetched it into."""
-    shown = subprocess.run(
-        ["git", "-C", str(work / f"{pin.name}-tree.git"), "log", "-1", "--format=%cs", rev],
-        capture_output=True,
-        env=_git_env(),
-        check=False,
+    check_commit(rev, what=f"engine.{pin.name}.rev")
+    logged = _local_git(
+        ["-C", str(work / f"{pin.name}-tree.git"), "log", "-1", "--format=%cs", "--end-of-options", rev, "--"],
+        what="reading the commit date",
     )
-    date = shown.stdout.decode().strip()
-    if shown.returncode != 0 or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", date):
-        raise BadInput(f"engine.{pin.name}: cannot read the date of {rev}: {shown.stderr.decode(errors='replace')}")
+    date = logged.stdout.decode(errors="replace").strip()
+    if logged.returncode != 0 or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", date):
+        raise BadInput(f"engine.{pin.name}: cannot read the date of {rev}: {text(logged.stderr)}")
     return date
 
 
 def tree_hash(pin: PendingPin, rev: str, work: Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
     """The NAR sha256 (SRI) of the tree `git archive rev` gives, fetched from the upstream."""
+    check_commit(rev, what=f"engine.{pin.name}.rev")
     repo = work / f"{pin.name}-tree.git"
-    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True, env=_git_env())
+    _init(repo)
     done = _git(
-        ["-C", str(repo), "fetch", "-q", "--no-tags", "--depth=1", pin.url, rev],
+        ["-C", str(repo), "fetch", "-q", "--no-tags", "--depth=1", "--end-of-options", pin.url, rev],
         what=f"fetching {rev}",
         pin=pin,
         timeout=timeout,
     )
     if done.returncode != 0 and any(m in done.stderr.lower() for m in (b"not our ref", b"unadvertised object")):
         done = _git(
-            ["-C", str(repo), "fetch", "-q", "--no-tags", pin.url, *_REFSPECS],
+            ["-C", str(repo), "fetch", "-q", "--no-tags", "--end-of-options", pin.url, *_REFSPECS],
             what=f"fetching {rev}",
             pin=pin,
             timeout=timeout,
@@ -255,15 +281,11 @@ def tree_hash(pin: PendingPin, rev: str, work: Path, *, timeout: float = DEFAULT
     _fail(done, what=f"fetching {rev}", pin=pin)
     tarball = work / f"{pin.name}.tar"
     with tarball.open("wb") as out:
-        archived = subprocess.run(
-            ["git", "-C", str(repo), "archive", "--format=tar", rev],
-            stdout=out,
-            stderr=subprocess.PIPE,
-            env=_git_env(),
-            check=False,
+        archived = _local_git(
+            ["-C", str(repo), "archive", "--format=tar", "--end-of-options", rev], what="archiving", stdout=out
         )
     if archived.returncode != 0:
-        raise BadInput(f"engine.{pin.name}: git archive {rev}: {archived.stderr.decode(errors='replace').strip()}")
+        raise BadInput(f"engine.{pin.name}: git archive {rev}: {text(archived.stderr)}")
     with tarball.open("rb") as handle:
         return nar_hash_tar(handle)
 

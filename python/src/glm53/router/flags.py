@@ -14,7 +14,6 @@ import importlib.metadata
 import json
 import os
 import re
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text, parse_json
+from glm53.proc import TimedOut, environment, run, text
 
 HELP_TIMEOUT_S = 60.0
 
@@ -85,16 +85,20 @@ def option_table(
         except Exception:  # a broken cache only costs a re-read
             pass
     try:
-        result = subprocess.run(
-            [*command, "--help"], capture_output=True, text=True, timeout=HELP_TIMEOUT_S, check=False
+        result = run(
+            [*command, "--help"],
+            env=environment(),
+            what="reading vllm-router's options",
+            timeout=HELP_TIMEOUT_S,
+            missing_hint="pip install vllm-router==0.1.17",
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise Unavailable(f"cannot run `{' '.join(command)} --help`: {exc}") from exc
-    table = parse_help(result.stdout)
+    except TimedOut as exc:
+        raise Unavailable(f"`{' '.join(command)} --help` did not answer in {HELP_TIMEOUT_S} s") from exc
+    table = parse_help(result.stdout.decode("utf-8", errors="replace"))
     if result.returncode != 0 or "--worker-urls" not in table:
         raise Unavailable(
             f"`{' '.join(command)} --help` did not print vllm-router's options (exit {result.returncode})",
-            hint=(result.stderr.strip().splitlines() or ["install vllm-router"])[-1],
+            hint=(text(result.stderr).splitlines() or ["install vllm-router"])[-1],
         )
     if use_cache:
         try:

@@ -23,6 +23,7 @@ Nothing here starts or reaches anything: `glm53.router.launch` turns a Fleet int
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import parse_json, read_text_bounded
+from glm53.safetext import hostname_problem, quoted
 
 # A fleet file lists a few hundred backends at most; anything near this size is not a fleet file.
 MAX_FLEET_BYTES = 1024 * 1024
@@ -46,7 +48,8 @@ DEFAULT_ROUTER_PORT = 8100
 Policy = Literal["consistent_hash", "sticky_least_loaded", "cache_aware", "power_of_two", "round_robin", "random"]
 POLICIES: tuple[str, ...] = Policy.__args__  # type: ignore[attr-defined]
 
-_FORBID = ConfigDict(extra="forbid", frozen=True)
+# Strict: `port = true` or `"8100"` is a mistake in the file, not a value to coerce (true would be port 1).
+_FORBID = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Backend(BaseModel):
@@ -59,21 +62,28 @@ class Backend(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        parts = urlsplit(value.strip())
+        # Messages quote the URL with any user:SECRET@ masked and control characters escaped (`shown`): they
+        # reach terminals and build logs (a NixOS build renders the fleet).
+        quoted_url = quoted(value)
+        if value != value.strip() or not value.isprintable():
+            raise ValueError(f"{quoted_url} holds white space or control characters")
+        parts = urlsplit(value)
         if parts.scheme not in ("http", "https"):
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+            raise ValueError(f"{quoted_url} is not an http:// or https:// URL")
+        if parts.username or parts.password:
+            raise ValueError(f"{quoted_url} carries credentials: put the key in api_key_file")
         if not parts.hostname:
-            raise ValueError(f"{value!r} names no host")
+            raise ValueError(f"{quoted_url} names no host")
+        if (problem := hostname_problem(parts.hostname)) is not None:
+            raise ValueError(f"{quoted_url}: the host {problem}")
         try:
             port = parts.port
         except ValueError as exc:
-            raise ValueError(f"{value!r}: {exc}") from None
+            raise ValueError(f"{quoted_url}: {exc}") from None
         if port is None or port == 0:
-            raise ValueError(f"{value!r} names no port (glm53 serve listens on {DEFAULT_PORT} by default)")
-        if parts.username or parts.password:
-            raise ValueError(f"{value!r} carries credentials: put the key in api_key_file")
+            raise ValueError(f"{quoted_url} names no port (glm53 serve listens on {DEFAULT_PORT} by default)")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError(f"{value!r}: give the server's root URL, without /v1 or any path")
+            raise ValueError(f"{quoted_url}: give the server's root URL, without /v1 or any path")
         host = parts.hostname.lower()
         host = f"[{host}]" if ":" in host else host
         return f"{parts.scheme}://{host}:{port}"
@@ -128,6 +138,11 @@ class Metrics(BaseModel):
     host: str = DEFAULT_HOST
     port: int = Field(default=29000, ge=1, le=65535)
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return _check_host(value)
+
 
 class Fleet(BaseModel):
     model_config = _FORBID
@@ -141,12 +156,17 @@ class Fleet(BaseModel):
     port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
     listen_all: bool = False
     # The key the backends are served with (`glm53 serve --api-key-file`): see docs/router.md for who checks it.
-    api_key_file: Path | None = None
+    api_key_file: Path | None = Field(default=None, strict=False)  # a string in the file
     limits: Limits = Limits()
     health: Health = Health()
     retry: Retry = Retry()
     metrics: Metrics = Metrics()
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return _check_host(value)
 
     @model_validator(mode="after")
     def _distinct(self) -> Fleet:
@@ -155,9 +175,45 @@ class Fleet(BaseModel):
             if backend.url in seen:
                 raise ValueError(f"backend {backend.url} is listed twice")
             seen.add(backend.url)
+            if _same_address(backend.url, self.host, self.port):
+                raise ValueError(
+                    f"backend {backend.url} is the router's own address ({self.host}:{self.port}): the router "
+                    "would send every request to itself"
+                )
         if self.retry.max_backoff_ms < self.retry.initial_backoff_ms:
             raise ValueError("retry.max_backoff_ms is below retry.initial_backoff_ms")
         return self
+
+
+def _check_host(value: str) -> str:
+    problem = hostname_problem(value)
+    if problem is not None:
+        raise ValueError(f"{quoted(value, limit=80)} {problem}")
+    return value
+
+
+_LOOPBACK_NAMES = ("localhost", "localhost.")
+
+
+def _is_local(host: str) -> bool:
+    bare = host.strip("[]").lower()
+    if bare in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
+
+
+def _same_address(url: str, host: str, port: int) -> bool:
+    """Whether `url` (normalised by Backend) reaches the router itself at host:port: the same host, or a
+    loopback address while the router listens on loopback or on every address."""
+    parts = urlsplit(url)
+    if parts.port != port or parts.hostname is None:
+        return False
+    backend = parts.hostname.strip("[]").lower()
+    router = host.strip("[]").lower()
+    return backend == router or (_is_local(backend) and (_is_local(router) or router in ("0.0.0.0", "::")))
 
 
 def _depth(value: Any) -> int:

@@ -12,9 +12,10 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import httpx
 from pydantic import BaseModel
@@ -26,7 +27,15 @@ from glm53.router.fleet import Fleet, load_fleet
 from glm53.router.launch import RouterLaunch, build_router_launch, router_command, router_environment
 from glm53.serve.exec import api_key_file_warning, read_api_key
 
-PROBE_TIMEOUT_S = 3.0
+if TYPE_CHECKING:
+    import httpx
+
+# The probe of a backend before the start is bounded in time and bytes (docs/router.md): a backend that
+# trickles its answer a byte at a time is given up on after PROBE_DEADLINE_S in all, one whose body never ends
+# after PROBE_MAX_BYTES; neither can hold the start or fill memory.
+PROBE_TIMEOUT_S = 3.0  # connect, and each wait for the next bytes
+PROBE_DEADLINE_S = 10.0  # one request, first byte to last
+PROBE_MAX_BYTES = 64 * 1024
 
 
 class RouterRequest(BaseModel):
@@ -87,23 +96,40 @@ def dry_run(req: RouterRequest, out: Output) -> RouterDryRun:
     )
 
 
+class _ProbeFailed(Exception):
+    pass
+
+
+def _bounded_get(client: httpx.Client, url: str, headers: dict[str, str] | None = None) -> int:
+    """GET `url` and read its body, within PROBE_DEADLINE_S and PROBE_MAX_BYTES; the status code."""
+    deadline = time.monotonic() + PROBE_DEADLINE_S
+    with client.stream("GET", url, headers=headers) as response:
+        received = 0
+        for chunk in response.iter_raw():  # as the bytes arrive: a chunk size would wait to fill it
+            received += len(chunk)
+            if received > PROBE_MAX_BYTES:
+                raise _ProbeFailed(f"{url} answered more than {PROBE_MAX_BYTES:,} bytes")
+            if time.monotonic() > deadline:
+                raise _ProbeFailed(f"{url} took more than {PROBE_DEADLINE_S:g} s to answer")
+        return response.status_code
+
+
 def _probe_one(url: str, endpoint: str, api_key: str | None) -> str | None:
     """None if the backend answers as a glm53 server should; else what is wrong."""
     try:
         with httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False) as client:
-            health = client.get(url + endpoint)
-            if health.status_code != 200:
-                return f"{url}{endpoint} answered {health.status_code}"
+            status = _bounded_get(client, url + endpoint)
+            if status != 200:
+                return f"{url}{endpoint} answered {status}"
             if api_key is not None:
-                bare = client.get(url + "/v1/models")
-                if bare.status_code != 401:
-                    return (
-                        f"{url} answers /v1/models without the API key ({bare.status_code}): "
-                        "serve it with --api-key-file"
-                    )
-                keyed = client.get(url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
-                if keyed.status_code != 200:
-                    return f"{url} refuses the fleet's API key ({keyed.status_code})"
+                bare = _bounded_get(client, url + "/v1/models")
+                if bare != 401:
+                    return f"{url} answers /v1/models without the API key ({bare}): serve it with --api-key-file"
+                keyed = _bounded_get(client, url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
+                if keyed != 200:
+                    return f"{url} refuses the fleet's API key ({keyed})"
+    except _ProbeFailed as exc:
+        return str(exc)
     except httpx.HTTPError as exc:
         return f"{url} is unreachable: {type(exc).__name__}: {exc}"
     return None

@@ -184,6 +184,32 @@ def find_glm53(explicit: Path | None) -> Path:
     return path
 
 
+# Directories of the system itself, never a checkpoint's directory.
+_SYSTEM_DIRS = frozenset(
+    [
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib64",
+        "/nix",
+        "/nix/store",
+        "/opt",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/var",
+    ]
+)
+
+
 def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[UnitSettings, list[str]]:
     """Check a ServeRequest for a unit through `resolve_launch` (profile, env file, address rule, key file),
     without planning and without needing the checkpoint yet. Returns the settings and what deserves a word."""
@@ -196,6 +222,12 @@ def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[Unit
 
     model_dir = req.model_dir.resolve()
     _check_text(str(model_dir), flag="--model-dir")
+    if model_dir == Path(model_dir.anchor) or str(model_dir) in _SYSTEM_DIRS:
+        raise BadInput(
+            f"--model-dir {model_dir} is a system directory: the unit's ReadOnlyPaths={model_dir} would cover it "
+            "whole and its service would read all of it",
+            hint="pass the checkpoint's own directory, e.g. /srv/models/glm53",
+        )
     _check_visible(
         model_dir,
         flag="--model-dir",

@@ -8,11 +8,12 @@ the start with TabbyAPI's own words (exit 2) instead of a server that runs with 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import PurePosixPath
 
 from glm53.errors import BadInput, Unavailable
+from glm53.fsutil import parse_json
+from glm53.proc import TimedOut, environment, run, text
+from glm53.safetext import quoted
 from glm53.serve.flags import FlagCheck
 from glm53.serve.launch import LaunchSpec
 from glm53.serve.tabby import CONFIG_NAME
@@ -57,28 +58,30 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None]:
             hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree at the pinned commit (docs/serve.md)",
         )
     try:
-        done = subprocess.run(
+        # `-c CODE` ends Python's options: the directory after it is the script's sys.argv[1], never an option.
+        done = run(
             [spec.argv[0], "-c", _CHECK, directory],
-            input=spec.files[CONFIG_NAME],
-            capture_output=True,
-            text=True,
+            env=environment(),
+            what="checking TabbyAPI's config",
+            input=spec.files[CONFIG_NAME].encode(),
             timeout=CHECK_TIMEOUT_S,
-            check=False,
+            missing_hint="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python",
         )
-    except FileNotFoundError as exc:
-        raise Unavailable(f"cannot run {spec.argv[0]}", hint="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python") from exc
-    except subprocess.TimeoutExpired as exc:
+    except TimedOut as exc:
         raise Unavailable(f"TabbyAPI's config schema did not answer in {CHECK_TIMEOUT_S} s") from exc
-    lines = done.stdout.strip().splitlines()
+    lines = done.stdout.decode("utf-8", errors="replace").strip().splitlines()
     if done.returncode != 0 or not lines:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        tail = text(done.stderr).splitlines()[-1:] or ["no output"]
         raise Unavailable(
             f"cannot load TabbyAPI's config schema from {directory}: {tail[0][:300]}",
             hint="GLM53_TABBYAPI_DIR must be TabbyAPI's source tree, GLM53_TABBYAPI_PYTHON a Python with its "
             "dependencies (pydantic)",
         )
-    result = json.loads(lines[-1])
-    return list(result["unknown"]), result["error"]
+    result = parse_json(lines[-1], what="TabbyAPI's config check")
+    try:
+        return [str(name) for name in result["unknown"]], (None if result["error"] is None else str(result["error"]))
+    except (KeyError, TypeError) as exc:
+        raise Unavailable(f"TabbyAPI's config check printed {quoted(lines[-1])}") from exc
 
 
 def tabby_config_check(spec: LaunchSpec) -> FlagCheck:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import TypeVar
+from concurrent.futures import process as futures_process
+from typing import TypeVar, cast
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -54,11 +56,19 @@ def layer_map(
         # An error, Ctrl-C or SIGTERM (glm53.proc.Terminated): end the workers here rather than leave them
         # blocked on a queue nobody reads (Python 3.11's executor has no public way to, hence _processes).
         workers_now = list((pool._processes or {}).values())
+        # typeshed types this attribute as the wake-up object; at run time it is the manager thread.
+        manager = cast("threading.Thread | None", pool._executor_manager_thread)
         for process in workers_now:
             process.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
         for process in workers_now:
             process.join(timeout=5)
+        if manager is not None:
+            # The manager thread closes its wake-up pipe as it exits; 3.11's exit hook would still write to it
+            # ("Bad file descriptor" printed at exit) unless the finished thread is taken off its list.
+            manager.join(timeout=5)
+            if not manager.is_alive():
+                futures_process._threads_wakeups.pop(manager, None)
         raise
     pool.shutdown(wait=True)
     return results

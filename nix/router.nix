@@ -70,10 +70,11 @@ in
 
     policy = lib.mkOption {
       type = lib.types.enum policies;
-      default = "consistent_hash";
+      default = "sticky_least_loaded";
       description = ''
-        How a request picks its backend. consistent_hash keeps every turn of a session (X-Session-ID header)
-        on the box that holds its prefix in cache.
+        How a request picks its backend. sticky_least_loaded keeps every turn of a session (X-Session-ID
+        header) on the box that holds its prefix in cache and puts a new session on the box with the fewest
+        open ones; clients close a session with POST /finish_session (docs/scale-out.md).
       '';
     };
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -195,6 +195,7 @@ class _ChatHandler(QuietHandler):
     requests = 0
     prompt_chars = 0
     refuse = False
+    other_posts: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
         cls = type(self)
@@ -214,6 +215,11 @@ class _ChatHandler(QuietHandler):
         body = self._read_json()
         if self.path == "/tokenize":
             self._send_char_tokens(body["prompt"])
+            return
+        if self.path != "/v1/chat/completions":  # vLLM has no /finish_session: that is the router's
+            cls = type(self)
+            cls.other_posts.append(self.path)
+            self._send(404, b'{"detail":"Not Found"}')
             return
         cls = type(self)
         cls.requests += 1
@@ -236,7 +242,7 @@ class _ChatHandler(QuietHandler):
 @pytest.fixture
 def chat_server() -> Iterator[str]:
     _ChatHandler.requests, _ChatHandler.prompt_chars, _ChatHandler.max_model_len = 0, 0, 8192
-    _ChatHandler.refuse = False
+    _ChatHandler.refuse, _ChatHandler.other_posts = False, []
     with serve_http(_ChatHandler) as url:
         yield url
 
@@ -268,6 +274,10 @@ def test_agent_runs_all_fifteen_tasks_by_default(chat_server: str, tmp_path: Pat
     assert [t["expected_tool"] for t in agent["turns"]] == [step.tool for task in script.tasks for step in task.steps]
     assert all(t["error"] is None and t["model_tool_call"] == "list_files" for t in agent["turns"])
     assert agent["prefix_cache_hit_pct"] == pytest.approx(50, abs=0.1)
+    # Each conversation is closed on a router after its last turn; a plain server answers 404 and nothing fails.
+    sessions = sorted({t["session_id"] for t in agent["turns"]})
+    assert sorted(p.split("session_id=")[1] for p in _ChatHandler.other_posts) == sessions
+    assert len(sessions) == 15 and agent["sessions_finished"] == 0
     summary = load_summary(tmp_path)
     assert summary.agent is not None and len(summary.agent.tasks) == 15
     assert [(g.name, g.passed) for g in summary.gates["agent"]] == [("cache-hit", True)]

@@ -72,7 +72,7 @@ def test_the_build_time_check_runs_glm53_router() -> None:
     assert built.returncode == 0, built.stderr
     fleet = json.loads(Path(built.stdout.strip()).read_text())
     assert fleet["backends"] == [{"url": "http://10.0.0.11:8000"}, {"url": "http://10.0.0.12:8000"}]
-    assert fleet["limits"] == {"queue_size": 16} and fleet["policy"] == "consistent_hash"
+    assert fleet["limits"] == {"queue_size": 16} and fleet["policy"] == "sticky_least_loaded"
     bad = build_check(CONFIG + " settings.limits.queue = 16;")  # a field glm53 does not know
     assert bad.returncode != 0 and "queue" in bad.stderr
     dup = build_check('enable = true; backends = [ "http://10.0.0.11:8000" "http://10.0.0.11:8000/" ];')

@@ -65,7 +65,7 @@ def test_defaults_are_the_workloads() -> None:
         "http://127.0.0.1:8001",
         "http://127.0.0.1:8002",
     ]
-    assert value("--policy") == "consistent_hash"  # sessions stay on their box (X-Session-ID)
+    assert value("--policy") == "sticky_least_loaded"  # sessions stay on their box, new ones go to the least busy
     assert value("--max-concurrent-requests") == "256"  # a flood guard only: a token bucket, not a gate
     assert value("--queue-size") == "64"  # the rest wait in the router
     assert value("--retry-max-retries") == "3" and value("--retry-initial-backoff-ms") == "50"
@@ -292,8 +292,10 @@ def fleet(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> 
     b_port = int(b.base_url.rsplit(":", 1)[1])
     port, metrics = free_port(), free_port()
     fleet_file = work / "fleet.toml"
+    # consistent_hash: these tests pin sessions to boxes by their hash (and a restarted box gets its sessions
+    # back); sticky_least_loaded, the default, is run against the real router in tests/test_fleet_router.py.
     fleet_file.write_text(
-        f"port = {port}\n[metrics]\nport = {metrics}\n"
+        f'policy = "consistent_hash"\nport = {port}\n[metrics]\nport = {metrics}\n'
         f'[[backends]]\nurl = "{vllm_server.base_url}"\n[[backends]]\nurl = "{b.base_url}"\n'
     )
     log_path = work / "router.log"

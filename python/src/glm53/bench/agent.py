@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -198,11 +198,23 @@ class AgentSection(BaseModel):
     model_tool_calls: int = 0
     complete: bool = Field(True, description="False in a report written while turns were still to come")
     backends: FleetSplit | None = Field(None, description="per-backend split through a router (--backend)")
+    sessions_finished: int = Field(
+        0,
+        description="conversations closed with the router's POST /finish_session after their last turn (0 when "
+        "the server is not a vllm-router)",
+    )
 
 
 class ChatStreamer(Protocol):
     def stream(self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> StreamOutcome: ...
     def metrics_text(self) -> str | None: ...
+
+
+@runtime_checkable
+class SessionCloser(Protocol):
+    """A client that can close a conversation on the router (glm53.bench.client.BenchClient)."""
+
+    def finish_session(self, session_id: str) -> bool: ...
 
 
 # What a chat template adds around each message (role markers, separators), counted generously.
@@ -267,9 +279,10 @@ def run_agent(
     system, _ = prompts.haystack(system_tokens, insert=script.system_instructions, depth=0.0)
     start = snapshot(client)
     turns: list[TurnRecord] = []
+    finished = 0
     for task in script.tasks:
-        # One stable key per conversation: a router's consistent_hash keeps all its turns on the box that holds
-        # its prefix in cache (without the header every request hashes the same empty key).
+        # One stable key per conversation: a router's sticky policy keeps all its turns on the box that holds
+        # its prefix in cache (without the header a request is placed alone).
         session_id = f"glm53-bench-agent-{salt[:16]}-{task.name}"
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
@@ -303,8 +316,14 @@ def run_agent(
                 )
                 on_section(partial)
             messages.extend(_feed_back(task.name, number, step, outcome))
+        # The conversation is over: a router running sticky_least_loaded stops counting it on its box (else it
+        # counts for two idle hours, and new sessions are placed as if it were still there).
+        if isinstance(client, SessionCloser) and client.finish_session(session_id):
+            finished += 1
     total = diff_metrics(start, snapshot(client))
-    return summarize(script.tasks, system_tokens, max_tokens, turns, total)
+    section = summarize(script.tasks, system_tokens, max_tokens, turns, total)
+    section.sessions_finished = finished
+    return section
 
 
 def summarize(

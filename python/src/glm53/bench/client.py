@@ -339,6 +339,16 @@ class BenchClient:
         except BadInput as exc:
             return status, None, f"response is not JSON ({exc.message[:200]})"
 
+    def finish_session(self, session_id: str) -> bool:
+        """Close a conversation on a vllm-router in front of the server (`POST /finish_session?session_id=`,
+        vllm-router 0.1.17), so that its sticky_least_loaded policy stops counting it on its box. True when the
+        router took it; a server that is not a router answers 404, and nothing is lost. Never raises."""
+        try:
+            status, _ = self._request("POST", "/finish_session", params={"session_id": session_id})
+        except (httpx.HTTPError, _TooLarge):
+            return False
+        return status == 200
+
     # -- helpers ------------------------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes]:

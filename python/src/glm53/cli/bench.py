@@ -390,8 +390,9 @@ def agent_cmd(
 ) -> None:
     """Agent turns: scripted multi-turn tool use; prefix-cache hit %, tool-call turn latency, decode tok/s.
 
-    Each conversation sends one stable X-Session-ID header, so a router's consistent_hash keeps its turns on
-    one backend; --backend (repeatable) adds the per-backend split from the backends' own /metrics.
+    Each conversation sends one stable X-Session-ID header, so a router's sticky policy keeps its turns on
+    one backend, and is closed with the router's POST /finish_session after its last turn; --backend
+    (repeatable) adds the per-backend split from the backends' own /metrics.
 
     Examples:
       glm53 bench agent --fail-under cache-hit=60

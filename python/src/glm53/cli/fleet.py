@@ -1,5 +1,5 @@
-"""`glm53 fleet plan`: boxes needed for a p95 turn-latency target, from the recipe's figures (a seeded
-queueing simulation; glm53.router.capacity)."""
+"""`glm53 fleet plan`: boxes needed for a p95 turn-latency target, from the recipe's agent figures (seeded
+simulations of closed-loop agent users and vllm-router's policies; glm53.router.capacity)."""
 
 from __future__ import annotations
 
@@ -18,25 +18,37 @@ from glm53.router.capacity import PlanInputs, plan_fleet
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from glm53.router.capacity import Plan
+    from glm53.router.capacity import Plan, PolicyPlan, Spread
 
 fleet_app = App(no_args_is_help=True, help="Size a fleet of glm53 boxes behind the router.")
 
+FLAGS = {
+    "profile": Flag("--figures"),
+    # Clients close their sessions by default (glm53 bench agent does): the flag says when they do not.
+    "finish_sessions": Flag(
+        "--no-finish-sessions",
+        help="Clients never POST /finish_session (glm53 bench agent does, after each conversation).",
+        parse=lambda given: not given,
+        show=lambda default: not default,
+    ),
+}
+
 
 @fleet_app.command("plan")
-@options_from(PlanInputs, "inputs", flags={"profile": Flag("--figures")}, hint="see `glm53 fleet plan --help`")
+@options_from(PlanInputs, "inputs", flags=FLAGS, hint="see `glm53 fleet plan --help`")
 def plan_cmd(inputs: PlanInputs, json_out: JsonOpt = False) -> None:
-    """Boxes needed so that 95% of agent turns finish within --p95-seconds, queueing included.
+    """Boxes needed so that 95% of agent turns finish within --p95-seconds, for every seed.
 
-    A seeded discrete-event simulation over the recipe's measured rates (decode 48-50 tok/s, prefill 513-1,155
-    tok/s by context), one turn per box at a time; the assumptions are printed with the answer. Exit 1 when no
-    number of boxes meets the target.
+    Seeded simulations of agent users in closed loop (send, wait for the answer, think), vllm-router
+    0.1.17's policies as it routes, and boxes serving one turn at a time, at the recipe's agent figures:
+    decode 37.7 tok/s on real agent turns, prefill 513-859 tok/s by context, 72.9% of a prompt cached on
+    the box holding its conversation. Prints the answer with its spread over the seeds, the pace users
+    get, and the assumptions. Exit 1 when no number of boxes meets the target.
 
     Examples:
-      glm53 fleet plan --users 20 --turns-per-min 2 --p95-seconds 60
-      glm53 fleet plan --users 50 --turns-per-min 1 --policy jsq --figures prefill-256k --json
+      glm53 fleet plan --users 20 --turns-per-min 2 --compare
+      glm53 fleet plan --users 80 --turns-per-min 1 --figures prefill-256k --json
     """
-
     result = plan_fleet(inputs)
     out = Output(json_mode=json_out)
     out.result(result, lambda console: render_plan(console, result))
@@ -44,42 +56,76 @@ def plan_cmd(inputs: PlanInputs, json_out: JsonOpt = False) -> None:
         raise CheckFailed(result.reason or "no fleet meets the target", hint="see the assumptions printed above")
 
 
+def _spread(s: Spread, fmt: str = ",.1f", unit: str = "") -> str:
+    if abs(s.high - s.low) < 1e-9:
+        return f"{s.median:{fmt}}{unit}"
+    return f"{s.median:{fmt}}{unit} ({s.low:{fmt}}-{s.high:{fmt}})"
+
+
+def _boxes(p: PolicyPlan) -> str:
+    if p.boxes is None:
+        return "[red]none[/red]"
+    if p.boxes_spread is None:
+        return str(p.boxes)
+    return f"{p.boxes} (per seed {_spread(p.boxes_spread, 'g')})"
+
+
 def render_plan(console: Console, plan: Plan) -> None:
     i = plan.inputs
-    table = Table(
-        "boxes", "utilization", "busiest box", "p50 s", "p95 s", "p99 s", "max wait s", "meets",
-        title=(
-            f"{i.users} users x {i.turns_per_min:g} turns/min = {plan.arrival_rate_per_s * 60:,.1f} turns/min; "
-            f"p95 target {i.p95_seconds:g} s; policy {i.policy}"
-        ),
-    )  # fmt: skip
-    for c in plan.candidates:
-        table.add_row(
-            ("[bold]" if c.boxes == plan.boxes else "") + str(c.boxes),
-            f"{c.utilization:.0%}",
-            f"{c.busiest_box_utilization:.0%}",
-            f"{c.p50_s:,.1f}",
-            f"{c.p95_s:,.1f}",
-            f"{c.p99_s:,.1f}",
-            f"{c.max_wait_s:,.1f}",
-            "[green]yes[/green]" if c.meets else "[red]no[/red]",
-        )
-    console.print(table)
+    head = (
+        f"{i.users} users, {i.traffic} loop, think {plan.think_s:.0f} s ({i.turns_per_min:g} turns/min if answers "
+        f"came at once); p95 target {i.p95_seconds:g} s; seeds {i.seed}-{i.seed + i.seeds - 1}"
+    )
+    if len(plan.policies) > 1:
+        table = Table(
+            "policy", "boxes", "p95 s", "pace turns/min", "cache hit", "busiest box", title=head,
+        )  # fmt: skip
+        for p in plan.policies:
+            c = p.chosen
+            mark = "[bold]" if p.label == plan.recommended else ""
+            table.add_row(
+                mark + p.label,
+                _boxes(p),
+                _spread(c.p95_s) if c else "-",
+                _spread(c.pace_turns_per_min, ".2f") if c else "-",
+                f"{c.cache_hit.median:.0%}" if c else "-",
+                f"{c.busiest_box_utilization.median:.0%}" if c else "-",
+            )
+        console.print(table)
+        head = f"{plan.policy}: the box counts around the answer"
+    chosen = next((p for p in plan.policies if p.label == plan.policy), None)
+    if chosen is not None and chosen.candidates:
+        table = Table(
+            "boxes", "p50 s", "p95 s", "p99 s", "pace turns/min", "cache hit", "busiest box", "seeds meeting",
+            title=head if len(plan.policies) > 1 else f"{head}; policy {plan.policy}",
+        )  # fmt: skip
+        for c in chosen.candidates:
+            table.add_row(
+                ("[bold]" if c.boxes == plan.boxes else "") + str(c.boxes),
+                _spread(c.p50_s),
+                _spread(c.p95_s),
+                _spread(c.p99_s),
+                _spread(c.pace_turns_per_min, ".2f"),
+                f"{c.cache_hit.median:.0%}",
+                f"{c.busiest_box_utilization.median:.0%}",
+                f"{c.seeds_meeting}/{i.seeds}",
+            )
+        console.print(table)
     console.print(
         f"a turn alone: mean {plan.mean_service_s:.1f} s, p95 {plan.p95_service_s:.1f} s; "
-        f"offered load {plan.offered_load_boxes:.2f} boxes busy on average"
+        f"{plan.offered_load_boxes:.1f} boxes busy if no turn ever waited"
     )
-    if plan.boxes is not None:
-        console.print(f"[bold]answer: {plan.boxes} boxes[/bold] (p95 {_p95(plan):.1f} s <= {i.p95_seconds:g} s)")
+    if plan.boxes is not None and chosen is not None and (c := chosen.chosen) is not None:
+        console.print(
+            f"[bold]answer: {plan.boxes} boxes[/bold] with {plan.policy} (per-seed answers "
+            f"{_spread(chosen.boxes_spread, 'g') if chosen.boxes_spread else plan.boxes}); p95 {_spread(c.p95_s)} s "
+            f"<= {i.p95_seconds:g} s; users get {_spread(c.pace_turns_per_min, '.2f')} turns/min"
+        )
     else:
         console.print(f"[bold red]no answer:[/bold red] {plan.reason}")
     console.print("assumptions:")
     for line in plan.assumptions:
         console.print(f"  - {line}", highlight=False)
-
-
-def _p95(plan: Plan) -> float:
-    return next(c.p95_s for c in plan.candidates if c.boxes == plan.boxes)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,44 +1,52 @@
 """`glm53 fleet plan`: how many boxes a team of agent users needs for a p95 turn-latency target.
 
-A seeded discrete-event simulation, not a closed formula: the tail of the turn latency is what users feel,
-and it comes from the variance of the service times and from sessions pinned to their box. Pure (no I/O
-besides the packaged recipe figures) and deterministic for a seed.
+Seeded simulations (glm53.router.simulation) of agent users in closed loop (send, wait for the answer,
+think), vllm-router 0.1.17's policies as it implements them, and one-at-a-time boxes, at the recipe's
+measured agent figures. The tail of the turn latency is what users feel; it comes from the variance of the
+turns, from how the router spreads sessions, and from the prefix cache each policy keeps or loses, so no
+closed formula gives it.
 
-The model:
-- one box = one glm53 server (2x RTX 3090), `max_num_seqs=1`: one turn at a time, the others wait in FIFO
-  order (vLLM's own queue);
-- a turn's service time = uncached prompt tokens / prefill rate + answer tokens / decode rate, the rates read
-  from the recipe's measured points (decode 48-50 tok/s, prefill 513-1,155 tok/s) at the conversation's
-  context, interpolated in log(context) between the measured 8K / 131K / 260K points, clamped outside;
-- uncached prompt tokens = prompt tokens x (1 - cache hit); the recipe's agent bench hit 72.9%;
-- prompt and answer lengths vary per turn: Gamma-distributed around their means with coefficient of variation
-  `cv` (cv=1: exponential; cv=0: fixed);
-- every user sends turns as a Poisson process (open loop: a user does not wait for the previous answer);
-- `sticky` (the router's consistent_hash on X-Session-ID): all turns of one conversation go to one box, the
-  conversations hashed uniformly (seeded) over the boxes; a user starts a new conversation every
-  `session_turns` turns; `jsq`: each turn joins the box with the fewest turns waiting or running
-  (no session affinity: the cache hit would then be lower than assumed, and the model does not lower it).
+One seed is one possible team (its turns, its session ids, hence where the router puts them): the answer is
+the fewest boxes whose p95 meets the target for every seed tried, with the spread of the per-seed answers
+beside it. Pure (no I/O besides the packaged recipe figures) and deterministic for a seed range.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
-import random
+import statistics
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from glm53.errors import BadInput
 from glm53.recipe.performance import recipe_performance
+from glm53.router.simulation import (
+    ROUTER_POLICIES,
+    Outcome,
+    RouterPolicy,
+    Service,
+    TrafficModel,
+    Workload,
+    default_urls,
+    quantile,
+    simulate,
+    turn_book,
+)
 
-Policy = Literal["sticky", "jsq"]
-POLICIES: tuple[Policy, ...] = ("sticky", "jsq")
 # The profiles the recipe published figures for (data/recipe-performance.json).
 FiguresProfile = Literal["agent-256k", "prefill-256k"]
 PROFILES: tuple[FiguresProfile, ...] = ("agent-256k", "prefill-256k")
-DEFAULT_CACHE_HIT = 0.729
+POLICIES: tuple[str, ...] = ROUTER_POLICIES
+# The policy `glm53 router` runs by default: the one the model recommends for agent users (docs/scale-out.md).
+RECOMMENDED_POLICY: RouterPolicy = "sticky_least_loaded"
+DEFAULT_CACHE_HIT = 0.729  # the recipe's agent bench: prompt tokens found in cache
 MAX_CONTEXT = 262_144
+# The agent profile's KV cache is sized for one full context: this many tokens of conversations stay cached.
+KV_CACHE_TOKENS = MAX_CONTEXT
 MAX_USERS = 100_000
 MAX_BOXES = 4096
 
@@ -52,8 +60,13 @@ class RatePoint(BaseModel):
 class PlanInputs(BaseModel):
     """The question `glm53 fleet plan` answers; each field is one of its options."""
 
-    users: int = Field(ge=1, le=MAX_USERS, description="Agent users sending turns.")
-    turns_per_min: float = Field(gt=0, description="Turns per user per minute (Poisson).")
+    users: int = Field(ge=1, le=MAX_USERS, description="Agent users, one conversation each at a time.")
+    turns_per_min: float = Field(
+        gt=0,
+        le=600,
+        description="Turns a user sends per minute if answers came at once: the think time between an answer "
+        "and the next turn averages 60/this s.",
+    )
     prompt_tokens: int = Field(
         16_384, ge=0, le=MAX_CONTEXT, description="Prompt tokens per turn, on average (the conversation resent)."
     )
@@ -66,41 +79,99 @@ class PlanInputs(BaseModel):
         DEFAULT_CACHE_HIT,
         ge=0,
         le=1,
-        description="Share of prompt tokens found in the prefix cache (the default is the recipe's agent bench).",
+        description="Share of a prompt found in cache on the box holding its conversation (the default is the "
+        "recipe's agent bench).",
     )
     cv: float = Field(0.5, ge=0, le=4, description="Variation of prompt and answer lengths (1: exponential).")
     session_turns: int = Field(
-        20, ge=1, le=1_000_000, description="Turns per conversation (one X-Session-ID, one box when sticky)."
+        20, ge=1, le=1_000_000, description="Turns per conversation (one X-Session-ID), then a new one."
     )
-    policy: Policy = Field("sticky", description="sticky (the router's consistent_hash) or jsq (join-shortest-queue).")
+    policy: RouterPolicy = Field(RECOMMENDED_POLICY, description="The router's policy, as vllm-router 0.1.17 routes.")
+    finish_sessions: bool = Field(
+        True,
+        description="Clients close each conversation with POST /finish_session (glm53 bench agent does); "
+        "sticky_least_loaded then counts only open ones.",
+    )
+    compare: bool = Field(False, description="Plan every router policy and recommend one.")
+    traffic: TrafficModel = Field(
+        "closed",
+        description="closed: send, wait for the answer, think; open: Poisson turns that do not wait (to compare).",
+    )
+    decode_tok_s: float | None = Field(
+        None,
+        gt=0,
+        le=10_000,
+        description="Decode rate in agent turns (default: the recipe's 37.7 tok/s on real agent turns, lower at "
+        "longer contexts).",
+    )
+    cached_conversations: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Conversations a box's prefix cache holds (default: 262,144 tokens / context).",
+    )
     profile: FiguresProfile = Field("agent-256k", description="The recipe's figures to use: those of this profile.")
-    turns: int = Field(20_000, ge=100, le=2_000_000, description="Turns simulated per box count.")
-    seed: int = Field(0, description="Seed of the simulation (same seed, same answer).")
+    turns: int = Field(4000, ge=100, le=2_000_000, description="Turns simulated per seed and box count.")
+    seeds: int = Field(10, ge=1, le=1000, description="Seeds simulated, from --seed on: the answer holds for each.")
+    seed: int = Field(0, ge=0, description="The first seed (same seeds, same answer).")
     max_boxes: int = Field(512, ge=1, le=MAX_BOXES, description="Largest fleet tried.")
+
+
+class Spread(BaseModel):
+    """A figure over the seeds: median and range."""
+
+    median: float
+    low: float
+    high: float
+
+
+def spread(values: list[float]) -> Spread:
+    return Spread(median=statistics.median(values), low=min(values), high=max(values))
 
 
 class Candidate(BaseModel):
     boxes: int
-    utilization: float = Field(description="offered load / boxes (mean service time x arrival rate / boxes)")
-    busiest_box_utilization: float
-    p50_s: float
-    p95_s: float
-    p99_s: float
-    max_wait_s: float
-    meets: bool
+    p50_s: Spread
+    p95_s: Spread
+    p99_s: Spread
+    pace_turns_per_min: Spread = Field(description="turns each user got through per minute")
+    cache_hit: Spread = Field(description="share of prompt tokens found in cache")
+    utilization: Spread
+    busiest_box_utilization: Spread
+    max_wait_s: Spread
+    seeds_meeting: int
+    meets: bool = Field(description="every seed's p95 meets the target")
+
+
+class PolicyPlan(BaseModel):
+    policy: RouterPolicy
+    finish_sessions: bool
+    label: str
+    boxes: int | None = Field(description="fewest boxes whose p95 meets the target for every seed; None: none")
+    boxes_by_seed: list[int | None] = Field(description="each seed's own fewest boxes, seeds in order")
+    boxes_spread: Spread | None = Field(description="median and range of the per-seed answers")
+    candidates: list[Candidate] = Field(description="box counts simulated for every seed")
+    reason: str | None = None
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.boxes == self.boxes), None)
 
 
 class Plan(BaseModel):
     inputs: PlanInputs
-    boxes: int | None = Field(description="fewest boxes meeting the p95 target; None when none does")
+    boxes: int | None = Field(description="the answer: the planned (or recommended) policy's box count")
     meets: bool
+    policy: str = Field(description="the policy the answer is for")
+    recommended: str | None = Field(None, description="with --compare: the policy needing the fewest boxes")
     reason: str | None = None
-    arrival_rate_per_s: float
+    think_s: float
     rates: RatePoint = Field(description="the figures used, at the context")
-    mean_service_s: float
+    cached_conversations: int
+    mean_service_s: float = Field(description="a turn alone on a box holding its conversation")
     p95_service_s: float = Field(description="the turn alone, no queue: no box count goes below this")
-    offered_load_boxes: float = Field(description="arrival rate x mean service time: boxes kept busy on average")
-    candidates: list[Candidate]
+    offered_load_boxes: float = Field(description="boxes kept busy if no turn ever waited")
+    policies: list[PolicyPlan]
     assumptions: list[str]
 
 
@@ -114,6 +185,13 @@ def recipe_points(profile: str) -> list[RatePoint]:
         RatePoint(context=p.context_len, prefill_tok_s=p.prefill_tok_s, decode_tok_s=p.decode_tok_s)
         for p in sorted(perf.profiles[profile], key=lambda p: p.context_len)
     ]
+
+
+def agent_decode_share() -> float:
+    """The recipe's decode on real agent turns over its agent profile's best decode (37.7 / 50.4)."""
+    perf = recipe_performance()
+    best = min(perf.profiles[perf.agent.profile], key=lambda p: p.context_len).decode_tok_s
+    return perf.agent.mean_decode_tok_s / best
 
 
 def rates_at(points: list[RatePoint], context: int) -> RatePoint:
@@ -132,116 +210,171 @@ def rates_at(points: list[RatePoint], context: int) -> RatePoint:
     )
 
 
-def _gamma(rng: random.Random, mean: float, cv: float) -> float:
-    if mean <= 0:
-        return 0.0
-    if cv <= 0:
-        return mean
-    shape = 1.0 / (cv * cv)
-    return rng.gammavariate(shape, mean / shape)
+def agent_rates(inputs: PlanInputs, context: int) -> RatePoint:
+    """Prefill at the context from the profile's points; decode as on the recipe's real agent turns."""
+    measured = rates_at(recipe_points(inputs.profile), context)
+    decode = inputs.decode_tok_s if inputs.decode_tok_s is not None else measured.decode_tok_s * agent_decode_share()
+    return measured.model_copy(update={"decode_tok_s": decode})
 
 
-def _workload(inputs: PlanInputs, rates: RatePoint) -> tuple[list[float], list[float], list[float]]:
-    """(arrival times, session key of each, service time of each), sorted by time; common to every box count
-    (so that box counts are compared on the same turns). A session key is a uniform number in [0, 1): the
-    conversation's place on the hash ring. Each user's stream has its own seeded generator, so adding users
-    adds turns and changes none of the others'."""
-    per_user_rate = inputs.turns_per_min / 60.0
-    total_rate = per_user_rate * inputs.users
-    horizon = inputs.turns / total_rate
-    uncached = inputs.prompt_tokens * (1.0 - inputs.cache_hit)
-    events: list[tuple[float, float, float]] = []
-    for user in range(inputs.users):
-        rng = random.Random(f"{inputs.seed}:user:{user}")
-        t = rng.expovariate(per_user_rate)
-        count, key = 0, 0.0
-        while t < horizon:
-            if count % inputs.session_turns == 0:
-                key = rng.random()  # a new conversation: a new X-Session-ID, hashed anew
-            count += 1
-            prefill = _gamma(rng, uncached, inputs.cv) / rates.prefill_tok_s
-            decode = _gamma(rng, inputs.answer_tokens, inputs.cv) / rates.decode_tok_s
-            events.append((t, key, prefill + decode))
-            t += rng.expovariate(per_user_rate)
-    events.sort()
-    return [e[0] for e in events], [e[1] for e in events], [e[2] for e in events]
+def variant_label(policy: str, finish_sessions: bool) -> str:
+    if policy == "sticky_least_loaded" and not finish_sessions:
+        return "sticky_least_loaded (no /finish_session)"
+    return policy
 
 
-def simulate(
-    arrivals: list[float], keys: list[float], services: list[float], boxes: int, policy: Policy
-) -> tuple[list[float], list[float], list[float]]:
-    """FIFO per box, one turn at a time: (latency of each turn, its wait, busy time of each box)."""
-    latency: list[float] = []
-    waits: list[float] = []
-    busy = [0.0] * boxes
-    free_at = [0.0] * boxes
-    if policy == "sticky":
-        for t, key, s in zip(arrivals, keys, services, strict=True):
-            box = min(int(key * boxes), boxes - 1)  # the session's box: its key's place among the boxes
-            start = max(t, free_at[box])
-            free_at[box] = start + s
-            busy[box] += s
-            waits.append(start - t)
-            latency.append(start + s - t)
-        return latency, waits, busy
-    # Join the shortest queue: the box with the fewest turns waiting or running when the turn arrives.
-    departures: list[list[float]] = [[] for _ in range(boxes)]
-    heads = [0] * boxes
-    for t, s in zip(arrivals, services, strict=True):
-        best, best_n = 0, -1
-        for box in range(boxes):
-            queue = departures[box]
-            head = heads[box]
-            while head < len(queue) and queue[head] <= t:
-                head += 1
-            heads[box] = head
-            n = len(queue) - head
-            if best_n < 0 or n < best_n:
-                best, best_n = box, n
-                if n == 0:
-                    break
-        start = max(t, free_at[best])
-        free_at[best] = start + s
-        departures[best].append(start + s)
-        busy[best] += s
-        waits.append(start - t)
-        latency.append(start + s - t)
-    return latency, waits, busy
+# Every policy with --compare; sticky_least_loaded twice: its sessions close through /finish_session, or idle out.
+VARIANTS: tuple[tuple[RouterPolicy, bool], ...] = (
+    ("sticky_least_loaded", True),
+    ("sticky_least_loaded", False),
+    ("consistent_hash", True),
+    ("cache_aware", True),
+    ("power_of_two", True),
+    ("round_robin", True),
+    ("random", True),
+)
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
+class _Evaluator:
+    """Simulations of one policy, memoized by (boxes, seed)."""
+
+    def __init__(self, inputs: PlanInputs, service: Service, policy: RouterPolicy, finish: bool) -> None:
+        self.inputs, self.service, self.policy, self.finish = inputs, service, policy, finish
+        self.memo: dict[tuple[int, int], Outcome] = {}
+
+    def workload(self, seed: int) -> Workload:
+        i = self.inputs
+        return Workload(
+            users=i.users,
+            think_s=60.0 / i.turns_per_min,
+            prompt_tokens=i.prompt_tokens,
+            answer_tokens=i.answer_tokens,
+            cv=i.cv,
+            session_turns=i.session_turns,
+            seed=seed,
+            traffic=i.traffic,
+        )
+
+    def outcome(self, boxes: int, seed: int) -> Outcome:
+        key = (boxes, seed)
+        if key not in self.memo:
+            self.memo[key] = simulate(
+                self.workload(seed),
+                self.service,
+                self.policy,
+                default_urls(boxes),
+                finish_sessions=self.finish,
+                total_turns=self.inputs.turns,
+            )
+        return self.memo[key]
+
+    def meets(self, boxes: int, seed: int) -> bool:
+        return self.outcome(boxes, seed).p(0.95) <= self.inputs.p95_seconds
 
 
-def evaluate(inputs: PlanInputs, boxes: int, workload: tuple[list[float], list[float], list[float]]) -> Candidate:
-    arrivals, keys, services = workload
-    latency, waits, busy = simulate(arrivals, keys, services, boxes, inputs.policy)
-    # The first 5% of turns start from empty boxes: left out, as a warm-up.
-    skip = len(latency) // 20
-    steady = sorted(latency[skip:])
-    horizon = arrivals[-1] if arrivals else 1.0
-    offered = sum(services) / horizon if horizon > 0 else 0.0
-    p95 = _quantile(steady, 0.95)
+def _fewest(meets: Callable[[int], bool], guess: int, limit: int) -> int | None:
+    """The fewest boxes in [1, limit] that meet, searching out from `guess` (the p95 falls as boxes are added,
+    give or take a seed's luck: a local answer)."""
+    guess = min(max(1, guess), limit)
+    if meets(guess):
+        hi, step = guess, 1
+        while hi - step >= 1 and meets(hi - step):
+            hi -= step
+            step *= 2
+        lo = max(0, hi - step)
+    else:
+        lo, step = guess, 1
+        while lo + step < limit and not meets(lo + step):
+            lo += step
+            step *= 2
+        hi = min(lo + step, limit)
+        if hi == limit and not meets(limit):
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if meets(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _meets(evaluator: _Evaluator, boxes: int, *, seed: int) -> bool:
+    return evaluator.meets(boxes, seed)
+
+
+def _candidate(evaluator: _Evaluator, boxes: int, seeds: list[int]) -> Candidate:
+    runs = [evaluator.outcome(boxes, seed) for seed in seeds]
+    p95 = [run.p(0.95) for run in runs]
+    target = evaluator.inputs.p95_seconds
     return Candidate(
         boxes=boxes,
-        utilization=offered / boxes,
-        busiest_box_utilization=max(busy) / horizon if horizon > 0 else 0.0,
-        p50_s=_quantile(steady, 0.50),
-        p95_s=p95,
-        p99_s=_quantile(steady, 0.99),
-        max_wait_s=max(waits[skip:], default=0.0),
-        meets=p95 <= inputs.p95_seconds,
+        p50_s=spread([run.p(0.50) for run in runs]),
+        p95_s=spread(p95),
+        p99_s=spread([run.p(0.99) for run in runs]),
+        pace_turns_per_min=spread([run.pace_turns_per_min for run in runs]),
+        cache_hit=spread([run.cache_hit for run in runs]),
+        utilization=spread([run.utilization for run in runs]),
+        busiest_box_utilization=spread([run.busiest_box_utilization for run in runs]),
+        max_wait_s=spread([run.max_wait_s for run in runs]),
+        seeds_meeting=sum(1 for v in p95 if v <= target),
+        meets=all(v <= target for v in p95),
     )
 
 
-def plan_fleet(inputs: PlanInputs) -> Plan:
-    """The fewest boxes whose simulated p95 turn latency meets the target, with the box counts tried."""
+def plan_policy(inputs: PlanInputs, service: Service, policy: RouterPolicy, finish: bool, guess: int) -> PolicyPlan:
+    evaluator = _Evaluator(inputs, service, policy, finish)
+    seeds = list(range(inputs.seed, inputs.seed + inputs.seeds))
+    limit = inputs.max_boxes
+    by_seed: list[int | None] = []
+    hint = guess
+    for seed in seeds:
+        found = _fewest(functools.partial(_meets, evaluator, seed=seed), hint, limit)
+        by_seed.append(found)
+        if found is not None:
+            hint = found
+    label = variant_label(policy, finish)
+    answers = [b for b in by_seed if b is not None]
+    boxes: int | None = None
+    reason: str | None = None
+    if len(answers) < len(by_seed):
+        reason = f"{label}: for some seeds no box count up to {limit} meets the p95 target (--max-boxes)"
+    else:
+        boxes = max(answers)
+        # A seed's own answer is local: every seed must meet at the box count given.
+        while boxes <= limit and not all(evaluator.meets(boxes, seed) for seed in seeds):
+            boxes += 1
+        if boxes > limit:
+            boxes, reason = None, f"{label}: no box count up to {limit} meets the p95 target for every seed"
+    shown = sorted({n for n in (boxes, (boxes or 0) - 1) if n is not None and n >= 1})
+    return PolicyPlan(
+        policy=policy,
+        finish_sessions=finish,
+        label=label,
+        boxes=boxes,
+        boxes_by_seed=by_seed,
+        boxes_spread=spread([float(b) for b in answers]) if answers and not reason else None,
+        candidates=[_candidate(evaluator, n, seeds) for n in shown],
+        reason=reason,
+    )
+
+
+def recommend(policies: list[PolicyPlan]) -> PolicyPlan | None:
+    """The policy needing the fewest boxes; on a tie, the one keeping more of the prefix cache (its boxes
+    have room to spare for longer prompts), then the lower p95. Clients that close their sessions are what
+    glm53 runs (bench agent does): the variant without /finish_session is shown, not recommended."""
+
+    def key(p: PolicyPlan) -> tuple[int, float, float]:
+        c = p.chosen
+        return (p.boxes or 0, -round(c.cache_hit.median if c else 0.0, 3), c.p95_s.median if c else 0.0)
+
+    meeting = [p for p in policies if p.boxes is not None and p.finish_sessions]
+    return min(meeting, key=key) if meeting else None
+
+
+def _check(inputs: PlanInputs) -> int:
     if not math.isfinite(inputs.turns_per_min) or not math.isfinite(inputs.p95_seconds):
         raise BadInput("--turns-per-min and --p95-seconds must be finite numbers")
-    points = recipe_points(inputs.profile)
     context = inputs.context if inputs.context is not None else max(inputs.prompt_tokens, 1)
     if context < inputs.prompt_tokens:
         raise BadInput(
@@ -253,16 +386,28 @@ def plan_fleet(inputs: PlanInputs) -> Plan:
             f"context {context} + answer {inputs.answer_tokens} tokens exceed the served {MAX_CONTEXT:,}",
             hint="pass a smaller --context / --prompt-tokens / --answer-tokens",
         )
-    rates = rates_at(points, context)
-    workload = _workload(inputs, rates)
-    services = workload[2]
-    arrival_rate = inputs.users * inputs.turns_per_min / 60.0
-    mean_service = sum(services) / len(services) if services else 0.0
-    p95_service = _quantile(sorted(services), 0.95)
-    offered = arrival_rate * mean_service
-    limit = inputs.max_boxes
-    candidates: list[Candidate] = []
-    found: int | None = None
+    return context
+
+
+def plan_fleet(inputs: PlanInputs) -> Plan:
+    """The fewest boxes whose simulated p95 turn latency meets the target for every seed, per policy."""
+    context = _check(inputs)
+    rates = agent_rates(inputs, context)
+    cached = inputs.cached_conversations or max(1, KV_CACHE_TOKENS // context)
+    service = Service(
+        prefill_tok_s=rates.prefill_tok_s,
+        decode_tok_s=rates.decode_tok_s,
+        cache_hit=inputs.cache_hit,
+        cached_conversations=cached,
+    )
+    think = 60.0 / inputs.turns_per_min
+    alone = _turns_alone(inputs, service, think)
+    mean_service = statistics.fmean(alone)
+    p95_service = quantile(alone, 0.95)
+    busy_share = mean_service / (mean_service + think) if inputs.traffic == "closed" else mean_service / think
+    offered = inputs.users * busy_share
+    variants = VARIANTS if inputs.compare else ((inputs.policy, inputs.finish_sessions),)
+    policies: list[PolicyPlan] = []
     reason: str | None = None
     if p95_service > inputs.p95_seconds:
         reason = (
@@ -270,79 +415,109 @@ def plan_fleet(inputs: PlanInputs) -> Plan:
             "target: no number of boxes meets it (shorter prompts or answers, a higher cache hit, or faster boxes do)"
         )
     else:
-        boxes = max(1, math.ceil(offered * 1.0001))
-        while boxes <= limit:
-            candidate = evaluate(inputs, boxes, workload)
-            candidates.append(candidate)
-            if candidate.meets:
-                found = boxes
-                break
-            # Far from the target, step by the ratio; near it, one box at a time.
-            step = 1 if candidate.p95_s < 1.25 * inputs.p95_seconds else max(1, boxes // 4)
-            boxes += step
-        if found is not None and len(candidates) > 1 and candidates[-2].boxes < found - 1:
-            # The last step jumped: walk back down to the fewest boxes that meet the target.
-            low = candidates[-2].boxes + 1
-            for boxes in range(low, found):
-                candidate = evaluate(inputs, boxes, workload)
-                candidates.append(candidate)
-                if candidate.meets:
-                    found = boxes
-                    break
-        if found is None:
-            reason = f"no box count up to {limit} meets the p95 target (--max-boxes)"
-        elif found < limit:
-            candidates.append(evaluate(inputs, found + 1, workload))  # one more, for the margin
-    candidates.sort(key=lambda c: c.boxes)
+        guess = max(1, math.ceil(offered))
+        for policy, finish in variants:
+            policies.append(plan_policy(inputs, service, policy, finish, guess))
+    chosen = policies[0] if policies else None
+    recommended = None
+    if inputs.compare and (best := recommend(policies)) is not None:
+        chosen, recommended = best, best.label
+    if reason is None and chosen is not None and chosen.boxes is None:
+        reason = chosen.reason
     return Plan(
         inputs=inputs,
-        boxes=found,
-        meets=found is not None,
+        boxes=chosen.boxes if chosen is not None else None,
+        meets=chosen is not None and chosen.boxes is not None,
+        policy=chosen.label if chosen is not None else variant_label(inputs.policy, inputs.finish_sessions),
+        recommended=recommended,
         reason=reason,
-        arrival_rate_per_s=arrival_rate,
+        think_s=think,
         rates=rates,
+        cached_conversations=cached,
         mean_service_s=mean_service,
         p95_service_s=p95_service,
         offered_load_boxes=offered,
-        candidates=candidates,
-        assumptions=assumptions(inputs, rates, context),
+        policies=policies,
+        assumptions=assumptions(inputs, rates, context, cached),
     )
 
 
-def assumptions(inputs: PlanInputs, rates: RatePoint, context: int) -> list[str]:
-    policy = (
-        "sticky sessions (the router's consistent_hash on X-Session-ID): all turns of a conversation "
-        f"({inputs.session_turns} turns, then the user starts a new one) go to one box, conversations hashed "
-        "uniformly over the boxes, so boxes are unevenly loaded, as a hash ring makes them"
-        if inputs.policy == "sticky"
-        else "join-shortest-queue: each turn goes to the box with the fewest turns waiting or running (no "
-        "session affinity: a real cache hit would then be lower than the one assumed)"
+def _turns_alone(inputs: PlanInputs, service: Service, think: float) -> list[float]:
+    """Service times of the first seed's turns on a box holding their conversation, sorted."""
+    workload = Workload(
+        users=inputs.users,
+        think_s=think,
+        prompt_tokens=inputs.prompt_tokens,
+        answer_tokens=inputs.answer_tokens,
+        cv=inputs.cv,
+        session_turns=inputs.session_turns,
+        seed=inputs.seed,
+        traffic=inputs.traffic,
+    )
+    book = turn_book(workload)
+    per_user = max(1, math.ceil(inputs.turns / inputs.users))
+    warm = 1.0 - service.cache_hit
+    return sorted(
+        t.prompt_tokens * warm / service.prefill_tok_s + t.answer_tokens / service.decode_tok_s
+        for u in range(inputs.users)
+        for t in (book.turn(u, k) for k in range(per_user))
+    )
+
+
+def assumptions(inputs: PlanInputs, rates: RatePoint, context: int, cached: int) -> list[str]:
+    traffic = (
+        f"closed loop: each of {inputs.users} users sends a turn, waits for the whole answer, then thinks "
+        f"{60.0 / inputs.turns_per_min:.0f} s on average (exponential) before the next: {inputs.turns_per_min:g} "
+        "turns/min if answers came at once; the pace users get is reported"
+        if inputs.traffic == "closed"
+        else f"open loop (--traffic open): each of {inputs.users} users sends turns as a Poisson process at "
+        f"{inputs.turns_per_min:g}/min without waiting for answers: a conversation's turns can queue behind each other"
+    )
+    decode_from = (
+        "as given (--decode-tok-s)"
+        if inputs.decode_tok_s is not None
+        else f"the recipe's real agent turns ({agent_decode_share():.0%} of its best decode), at this context"
     )
     return [
         "one box = one glm53 server on 2x RTX 3090, max_num_seqs=1: one turn at a time, the rest wait FIFO",
-        f"rates from the recipe's measured {inputs.profile} points at a {context:,}-token context: prefill "
-        f"{rates.prefill_tok_s:,.0f} tok/s, decode {rates.decode_tok_s:.1f} tok/s (log-context interpolation "
-        "between 8K/131K/260K, clamped outside)",
-        f"service time = prompt x (1 - {inputs.cache_hit:.1%} cache hit) / prefill + answer / decode; prompt and "
-        f"answer lengths Gamma-distributed around {inputs.prompt_tokens:,} and {inputs.answer_tokens:,} tokens, "
-        f"cv {inputs.cv:g}",
-        f"each of {inputs.users} users sends turns as a Poisson process at {inputs.turns_per_min:g}/min (open loop)",
-        policy,
-        f"turn latency = wait + prefill + decode (arrival to last token); {inputs.turns:,} turns simulated per box "
-        f"count, first 5% left out as warm-up, seed {inputs.seed}",
-        "not modelled: router overhead, network, KV-cache evictions under load, a box failing (add one spare box)",
+        f"rates at a {context:,}-token context: prefill {rates.prefill_tok_s:,.0f} tok/s (the recipe's measured "
+        f"{inputs.profile} points, log-context interpolation), decode {rates.decode_tok_s:.1f} tok/s, {decode_from}",
+        f"a turn = uncached prompt / prefill + answer / decode; on the box holding its conversation (or opening "
+        f"one) {inputs.cache_hit:.1%} of its prompt is cached, elsewhere none; a box's prefix cache keeps its "
+        f"last {cached} conversations (LRU); prompt and answer lengths Gamma-distributed around "
+        f"{inputs.prompt_tokens:,} and {inputs.answer_tokens:,} tokens, cv {inputs.cv:g}",
+        traffic,
+        f"a conversation is {inputs.session_turns} turns under one X-Session-ID, then the user starts a new one"
+        + (" and closes the old one with POST /finish_session" if inputs.finish_sessions else ""),
+        "vllm-router 0.1.17's policies as its source and binary route: consistent_hash's ring of 160 virtual "
+        "nodes per box, sticky_least_loaded's open-session counts, power_of_two's in-flight counts, "
+        "cache_aware's thresholds (without token ids for this model its prefix tree never matches: the least "
+        "loaded box), round_robin, random",
+        f"turn latency = wait + prefill + decode (sent to last token); {inputs.turns:,} turns per simulation, the "
+        f"first 5% left out as warm-up; seeds {inputs.seed}-{inputs.seed + inputs.seeds - 1}, the answer meets "
+        "the target for every one",
+        "not modelled: router overhead, network, a box failing (add one spare box)",
     ]
 
 
 __all__ = [
+    "DEFAULT_CACHE_HIT",
+    "MAX_CONTEXT",
     "POLICIES",
+    "PROFILES",
+    "RECOMMENDED_POLICY",
+    "VARIANTS",
     "Candidate",
+    "FiguresProfile",
     "Plan",
     "PlanInputs",
+    "PolicyPlan",
     "RatePoint",
-    "evaluate",
+    "Spread",
+    "agent_rates",
     "plan_fleet",
+    "plan_policy",
     "rates_at",
     "recipe_points",
-    "simulate",
+    "recommend",
 ]

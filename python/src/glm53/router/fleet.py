@@ -2,7 +2,7 @@
 
 A fleet file is TOML (`fleet.toml`) or JSON (`fleet.json`) with the same fields:
 
-    policy = "consistent_hash"          # sessions stay on their backend (hashed on the X-Session-ID header)
+    policy = "sticky_least_loaded"      # a session stays on its backend; a new one goes to the least busy
     host = "127.0.0.1"
     port = 8100
     api_key_file = "/run/keys/glm53"   # optional; required for a host other than loopback
@@ -148,10 +148,14 @@ class Fleet(BaseModel):
     model_config = _FORBID
 
     backends: list[Backend] = Field(min_length=1, max_length=MAX_BACKENDS)
-    # consistent_hash keys on the X-Session-ID request header (vllm-router 0.1.17): every turn of a session goes
-    # to the box that holds its prefix in cache (the agent profile hits 72.9% of prompt tokens there); a request
-    # without the header hashes one empty key, so clients must send it. When a box leaves, only its sessions move.
-    policy: Policy = "consistent_hash"
+    # sticky_least_loaded (vllm-router 0.1.17) keys on the X-Session-ID request header: every turn of a session
+    # goes to the box that holds its prefix in cache (the agent profile hits 72.9% of prompt tokens there), and a
+    # new session goes to the box with the fewest open sessions, so sessions are spread evenly where
+    # consistent_hash's ring piles some boxes up: `glm53 fleet plan --compare` needs the fewest boxes with it
+    # (docs/scale-out.md). Clients close a session with POST /finish_session (glm53 bench agent does); an unclosed
+    # one counts on its box until idle for 2 hours. A request without the header (or a session id in its body)
+    # goes to the least loaded box and is not remembered.
+    policy: Policy = "sticky_least_loaded"
     host: str = DEFAULT_HOST
     port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
     listen_all: bool = False

@@ -18,6 +18,7 @@ import functools
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -240,7 +241,7 @@ class _Evaluator:
 
     def __init__(self, inputs: PlanInputs, service: Service, policy: RouterPolicy, finish: bool) -> None:
         self.inputs, self.service, self.policy, self.finish = inputs, service, policy, finish
-        self.memo: dict[tuple[int, int], Outcome] = {}
+        self.memo: dict[tuple[int, int], RunSummary] = {}
 
     def workload(self, seed: int) -> Workload:
         i = self.inputs
@@ -255,10 +256,10 @@ class _Evaluator:
             traffic=i.traffic,
         )
 
-    def outcome(self, boxes: int, seed: int) -> Outcome:
+    def outcome(self, boxes: int, seed: int) -> RunSummary:
         key = (boxes, seed)
         if key not in self.memo:
-            self.memo[key] = simulate(
+            run = simulate(
                 self.workload(seed),
                 self.service,
                 self.policy,
@@ -266,10 +267,40 @@ class _Evaluator:
                 finish_sessions=self.finish,
                 total_turns=self.inputs.turns,
             )
+            # Only the figures are kept: a plan simulates hundreds of runs of thousands of turns.
+            self.memo[key] = RunSummary.of(run)
         return self.memo[key]
 
     def meets(self, boxes: int, seed: int) -> bool:
-        return self.outcome(boxes, seed).p(0.95) <= self.inputs.p95_seconds
+        return self.outcome(boxes, seed).p95 <= self.inputs.p95_seconds
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a plan reads of one simulated run."""
+
+    p50: float
+    p95: float
+    p99: float
+    pace_turns_per_min: float
+    cache_hit: float
+    utilization: float
+    busiest_box_utilization: float
+    max_wait_s: float
+
+    @classmethod
+    def of(cls, run: Outcome) -> RunSummary:
+        latencies = run.latencies()
+        return cls(
+            p50=quantile(latencies, 0.50),
+            p95=quantile(latencies, 0.95),
+            p99=quantile(latencies, 0.99),
+            pace_turns_per_min=run.pace_turns_per_min,
+            cache_hit=run.cache_hit,
+            utilization=run.utilization,
+            busiest_box_utilization=run.busiest_box_utilization,
+            max_wait_s=run.max_wait_s,
+        )
 
 
 def _fewest(meets: Callable[[int], bool], guess: int, limit: int) -> int | None:
@@ -305,13 +336,13 @@ def _meets(evaluator: _Evaluator, boxes: int, *, seed: int) -> bool:
 
 def _candidate(evaluator: _Evaluator, boxes: int, seeds: list[int]) -> Candidate:
     runs = [evaluator.outcome(boxes, seed) for seed in seeds]
-    p95 = [run.p(0.95) for run in runs]
+    p95 = [run.p95 for run in runs]
     target = evaluator.inputs.p95_seconds
     return Candidate(
         boxes=boxes,
-        p50_s=spread([run.p(0.50) for run in runs]),
+        p50_s=spread([run.p50 for run in runs]),
         p95_s=spread(p95),
-        p99_s=spread([run.p(0.99) for run in runs]),
+        p99_s=spread([run.p99 for run in runs]),
         pace_turns_per_min=spread([run.pace_turns_per_min for run in runs]),
         cache_hit=spread([run.cache_hit for run in runs]),
         utilization=spread([run.utilization for run in runs]),

@@ -32,33 +32,72 @@ let
     )
   );
 
-  # The source pins the vLLM engine's outputs need and that are still null.
+  imageHashUnpinned = if lock.engine.vllm.image.hash == null then [ "engine.vllm.image.hash" ] else [ ];
+
+  # The source pins the from-source vLLM build (packages.vllm, glm53-runtime) needs and that are still null.
   vllmUnpinned =
     nullFields "engine.vllm" lock.engine.vllm
     ++ nullFields "engine.glm53_overlay" lock.engine.glm53_overlay
     ++ cmakeUnpinned;
 
-  # Every source pin still null, by its lock field name (the same list, in the same order, as
-  # `glm53 repro show` prints and `glm53 repro check --release` refuses).
+  # What the vLLM engine as the recipe runs it (the vendor image with the overlay on top) still needs.
+  imageUnpinned = imageHashUnpinned ++ nullFields "engine.glm53_overlay" lock.engine.glm53_overlay;
+
+  # Every pin still null, by its lock field name (the same list, in the same order, as `glm53 repro show`
+  # prints and `glm53 repro check --release` refuses).
   unpinned =
     nullFields "engine.vllm" lock.engine.vllm
+    ++ imageHashUnpinned
     ++ nullFields "engine.glm53_overlay" lock.engine.glm53_overlay
     ++ nullFields "engine.tabbyapi" lock.engine.tabbyapi
     ++ cmakeUnpinned;
 
-  # What a vLLM output is until its pins are filled: a derivation that evaluates (so `nix flake check` and
+  # What an output is until its pins are filled: a derivation that evaluates (so `nix flake check` and
   # `nix flake show` work) and fails when built, naming the fields to fill. The exllamav3 engine's outputs
   # never are: everything they need is published.
   unpinnedStub =
-    { name, system }:
+    {
+      name,
+      system,
+      fields ? vllmUnpinned,
+    }:
     derivation {
       inherit name system;
       builder = "/bin/sh";
       args = [
         "-c"
-        "echo 'repro.lock.json: ${builtins.concatStringsSep ", " vllmUnpinned} not pinned yet; fill them (glm53 repro show lists them) before building ${name}' >&2; exit 1"
+        "echo 'repro.lock.json: ${builtins.concatStringsSep ", " fields} not pinned yet; fill them (glm53 repro show lists them and what fills each) before building ${name}' >&2; exit 1"
       ];
     };
+
+  # systemd's quoting, for every value a unit takes from the user. The rule is nixpkgs'
+  # escapeSystemdExecArg (nixos/lib/utils.nix): a JSON string, which systemd unquotes with C escapes, with
+  # `%` doubled (no specifier expansion) and `$` doubled (no variable expansion). glm53's Python renderer
+  # (glm53.serve.systemd) writes the same bytes; tests/test_systemd_escaping.py holds the two equal.
+  # A control character is refused, as glm53 refuses it: systemd would read a different path than the one
+  # given in ReadOnlyPaths= (no C escapes there).
+  checkUnitText =
+    what: text:
+    if builtins.match ".*[[:cntrl:]].*" text != null then
+      throw "glm53 unit: ${what} ${builtins.toJSON text} contains a control character (newline, tab, ...)"
+    else
+      text;
+  escapeSpecifiers = builtins.replaceStrings [ "%" ] [ "%%" ];
+  # A word that uses a specifier on purpose (`%d/api-key`): quoted, its `%` kept.
+  specifier = text: { specifier = text; };
+  argWord = value: if builtins.isAttrs value && value ? specifier then value else toString value;
+  escapeExecArg =
+    arg:
+    if builtins.isAttrs arg && arg ? specifier then
+      builtins.toJSON arg.specifier
+    else
+      builtins.replaceStrings [ "%" "$" ] [ "%%" "$$" ] (builtins.toJSON (checkUnitText "argument" (toString arg)));
+  escapeExecArgs = args: builtins.concatStringsSep " " (map escapeExecArg args);
+  # ReadOnlyPaths= and the like: quoted, `%` doubled, `-` first so that a missing path does not fail the
+  # unit's namespace setup (systemd.exec(5)) before ExecStartPre (glm53 doctor) can say what is missing.
+  optionalPath = path: escapeSpecifiers (builtins.toJSON "-${checkUnitText "path" (toString path)}");
+  # LoadCredential=ID:PATH (the path is taken to the end of the line, specifiers expanded).
+  credential = id: path: "${id}:${escapeSpecifiers (checkUnitText "credential" (toString path))}";
 
   # A GitHub source pin's owner and repository, from its url (what fetchFromGitHub takes).
   githubRepo =
@@ -198,10 +237,10 @@ let
       "--model-dir"
       (toString modelDir)
       "--env-file"
-      (toString envFile)
+      (argWord envFile)
     ]
     ++ addressArgs { inherit host port listenAll; }
-    ++ (if apiKeyFile == null then [ ] else [ "--api-key-file" (toString apiKeyFile) ]);
+    ++ (if apiKeyFile == null then [ ] else [ "--api-key-file" (argWord apiKeyFile) ]);
 
   # The build-time settings check: `glm53 profile check` resolves the same launch as `serve` would
   # (profile, env file, address), without reading the build machine.
@@ -233,8 +272,11 @@ let
       vllm_cmake_sources
       ;
     inherit (lock.nix) nixpkgs;
-    inherit (lock) checkpoint;
+    inherit (lock) checkpoint router;
   };
+
+  # TORCH_CUDA_ARCH_LIST of an engine's kernels: the lock's capabilities as written there ("8.0;8.6+PTX").
+  torchArchList = engine: builtins.concatStringsSep ";" lock.engine.cuda.${engine}.capabilities;
 in
 {
   inherit
@@ -243,7 +285,15 @@ in
     requirePin
     unpinned
     vllmUnpinned
+    imageUnpinned
     unpinnedStub
+    escapeSpecifiers
+    specifier
+    escapeExecArg
+    escapeExecArgs
+    optionalPath
+    credential
+    torchArchList
     githubRepo
     renderEnvFile
     profileNames

@@ -1,5 +1,8 @@
-# services.glm53: one GLM-5.3-Flash server as a hardened systemd unit. The module only renders
-# settings; `glm53` validates them (at build time through the settings check, again before start).
+# services.glm53: one GLM-5.3-Flash server. The vLLM engine runs as the recipe runs it: in the vendor image
+# (nix/vendor-image.nix) through virtualisation.oci-containers, the GPUs handed over as CDI devices by the NVIDIA
+# container toolkit. The exllamav3 engine (and vLLM from source, container = false) runs as a hardened native
+# unit. The module only renders settings; `glm53` validates them (at build time through the settings check,
+# again before start).
 { self, glmLib }:
 {
   config,
@@ -20,12 +23,14 @@ let
   unit = builtins.fromJSON (builtins.readFile ../python/src/glm53/data/systemd-unit.json);
   envFile = pkgs.writeText "glm53-${cfg.profile}.env" (glmLib.renderEnvFile cfg.settings);
   glm53 = lib.getExe' cfg.package "glm53";
+  # The CLI alone (no CUDA): it checks the settings at build time.
+  cli = lib.getExe packages.glm53;
   # Fails the system build when a key is unknown to the profile, a value does not parse, or the address
   # is not loopback without listenAll: glm53 resolves the launch as it will at start. The CLI alone runs
   # it: the check needs neither the CUDA runtime nor a GPU on the building machine.
   checkedEnvFile = pkgs.runCommand "glm53-settings-checked" { } ''
     ${lib.escapeShellArgs (
-      [ (lib.getExe self.packages.${pkgs.stdenv.hostPlatform.system}.glm53) ]
+      [ cli ]
       ++ glmLib.checkArgs {
         inherit (cfg) profile host port listenAll;
         inherit envFile;
@@ -33,12 +38,55 @@ let
     )}
     ln -s ${envFile} $out
   '';
+  # The native unit's command lines, escaped for systemd by the rule `glm53 systemd-unit` uses (lib.nix): the
+  # settings and the key are credentials, so both renderers write the same ExecStart for the same install.
   args = glmLib.serveArgs {
     inherit (cfg) profile host port listenAll;
     modelDir = cfg.modelDir;
-    envFile = cfg.settingsFile;
-    apiKeyFile = if cfg.apiKeyFile == null then null else "%d/api-key";
+    envFile = glmLib.specifier "%d/env-file";
+    apiKeyFile = if cfg.apiKeyFile == null then null else glmLib.specifier "%d/api-key";
   };
+  doctorArgs = [
+    glm53
+    "doctor"
+    "--profile"
+    cfg.profile
+    "--model-dir"
+    cfg.modelDir
+    "--host"
+    cfg.host
+    "--port"
+    (toString cfg.port)
+  ];
+
+  # The container: the image's entrypoint is `glm53 serve --model-dir /model --host 0.0.0.0 --listen-all`
+  # (nix/vendor-image.nix); the port is published on `host` only.
+  inImage = {
+    settings = "/etc/glm53/settings.env";
+    apiKey = "/run/secrets/glm53-api-key";
+  };
+  containerCmd = [
+    "--profile"
+    cfg.profile
+    "--env-file"
+    inImage.settings
+    "--port"
+    (toString cfg.port)
+  ]
+  ++ lib.optionals (cfg.apiKeyFile != null) [
+    "--api-key-file"
+    inImage.apiKey
+  ];
+  containerService = "${config.virtualisation.oci-containers.backend}-glm53";
+  # podman/docker fail a missing volume source with a bare "no such file or directory": say what it is first.
+  requireModelDir = pkgs.writeShellScript "glm53-require-model-dir" ''
+    if [ ! -d ${lib.escapeShellArg cfg.modelDir} ]; then
+      echo ${
+        lib.escapeShellArg "services.glm53: the checkpoint ${cfg.modelDir} (services.glm53.modelDir) is not a directory; download, verify and install it first (glm53 model download/verify/install, docs/checkpoint.md)"
+      } >&2
+      exit 1
+    fi
+  '';
 in
 {
   options.services.glm53 = {
@@ -53,6 +101,25 @@ in
         (TabbyAPI + ExLlamaV3, layer split with CPU expert offload). It picks the default package and
         profile; the profile must be one of this engine's (its ENGINE key), which an assertion checks.
       '';
+    };
+
+    container = lib.mkOption {
+      type = lib.types.bool;
+      default = cfg.engine == "vllm";
+      defaultText = lib.literalExpression ''engine == "vllm"'';
+      description = ''
+        Run the server in `image` with podman or docker (virtualisation.oci-containers), the GPUs handed over as
+        CDI devices (hardware.nvidia-container-toolkit, enabled here). The vllm engine's default: the recipe's
+        engine is the vendor image (CUDA 13, torch 2.13), which no nixpkgs builds. false: a native, hardened unit
+        running `package` (the exllamav3 engine; for vllm the from-source build, docs/nix.md).
+      '';
+    };
+
+    image = lib.mkOption {
+      type = lib.types.package;
+      default = packages.image;
+      defaultText = lib.literalExpression "glm53.packages.\${system}.image";
+      description = "The image the container runs: the vendor vLLM image with glm53, ExLlamaV3 and the overlay on top.";
     };
 
     package = lib.mkOption {
@@ -148,10 +215,11 @@ in
   config = lib.mkIf cfg.enable {
     assertions = [
       {
-        # The unit needs the driver's kernel modules and userspace (libcuda), which NixOS installs only for
-        # the nvidia video driver, headless hosts included.
-        assertion = lib.elem "nvidia" config.services.xserver.videoDrivers;
-        message = ''services.glm53 needs the NVIDIA driver: set services.xserver.videoDrivers = [ "nvidia" ]; (and hardware.nvidia.open to match your GPU).'';
+        # The driver's kernel modules and userspace (libcuda): nixpkgs' nvidia module installs them for the
+        # nvidia video driver or its datacenter driver, and says which in hardware.nvidia.enabled
+        # (nixos/modules/hardware/video/nvidia.nix).
+        assertion = config.hardware.nvidia.enabled;
+        message = ''services.glm53 needs the NVIDIA driver: set services.xserver.videoDrivers = [ "nvidia" ]; (headless hosts too; hardware.nvidia.open to match your GPU), or hardware.nvidia.datacenter.enable = true; for the datacenter driver.'';
       }
       {
         assertion = cfg.listenAll -> cfg.apiKeyFile != null;
@@ -172,32 +240,68 @@ in
 
     networking.firewall.allowedTCPPorts = lib.mkIf cfg.openFirewall [ cfg.port ];
 
-    systemd.services.glm53 = {
+    # The native unit: the exllamav3 engine, or vLLM from source (container = false).
+    systemd.services.glm53 = lib.mkIf (!cfg.container) {
       description = "GLM-5.3-Flash server (glm53, profile ${cfg.profile})";
       wantedBy = unit.install.WantedBy;
       after = unit.unit.After;
       # Bounded restarts: an unbounded crash loop of a 120 GB loader is a sustained memory storm.
       startLimitBurst = unit.unit.StartLimitBurst;
       startLimitIntervalSec = unit.unit.StartLimitIntervalSec;
-      inherit (unit) environment;
+      # glm53 finds the engine (vllm, TabbyAPI's python) on PATH; a NixOS unit's PATH is coreutils, findutils,
+      # grep, sed and systemd only (nixos/lib/systemd-lib.nix), so the package's bin goes first, as
+      # `glm53 systemd-unit` puts the installation's bin first.
+      path = [ cfg.package ];
+      environment = unit.environment // {
+        # Where NixOS puts the driver's libraries (libcuda, libnvidia-ml): glm53 points Triton at libcuda there.
+        LD_LIBRARY_PATH = "/run/opengl-driver/lib";
+      };
       # The hardening and limits, with the reason for every loosening, live once in systemd-unit.json;
       # `glm53 systemd-unit` renders the same unit for hosts without NixOS.
       serviceConfig = unit.service // {
-        ExecStartPre = lib.escapeShellArgs [
-          glm53
-          "doctor"
-          "--profile"
-          cfg.profile
-          "--model-dir"
-          cfg.modelDir
-          "--host"
-          cfg.host
-          "--port"
-          (toString cfg.port)
-        ];
-        ExecStart = lib.escapeShellArgs ([ glm53 ] ++ args ++ [ "--skip-preflight" ]);
-        LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ "api-key:${cfg.apiKeyFile}" ];
-        ReadOnlyPaths = [ cfg.modelDir ];
+        ExecStartPre = glmLib.escapeExecArgs doctorArgs;
+        ExecStart = glmLib.escapeExecArgs ([ glm53 ] ++ args ++ [ "--skip-preflight" ]);
+        LoadCredential = [
+          (glmLib.credential "env-file" cfg.settingsFile)
+        ]
+        ++ lib.optional (cfg.apiKeyFile != null) (glmLib.credential "api-key" cfg.apiKeyFile);
+        # Optional ("-"): a missing checkpoint is reported by `glm53 doctor` in ExecStartPre, not by a failed
+        # namespace setup (226/NAMESPACE) that never names it.
+        ReadOnlyPaths = [ (glmLib.optionalPath cfg.modelDir) ];
+      };
+    };
+
+    # The vLLM engine as the recipe runs it: the vendor image, with the recipe's container flags.
+    hardware.nvidia-container-toolkit.enable = lib.mkIf cfg.container true;
+    virtualisation.oci-containers.containers.glm53 = lib.mkIf cfg.container {
+      image = "${cfg.image.imageName}:${cfg.image.imageTag}";
+      imageFile = cfg.image;
+      cmd = containerCmd;
+      volumes = [
+        "${cfg.modelDir}:/model:ro"
+        "${cfg.settingsFile}:${inImage.settings}:ro"
+      ]
+      ++ lib.optional (cfg.apiKeyFile != null) "${cfg.apiKeyFile}:${inImage.apiKey}:ro";
+      ports = [ "${cfg.host}:${toString cfg.port}:${toString cfg.port}" ];
+      # Every GPU, as the CDI devices the container toolkit declares.
+      devices = [ "nvidia.com/gpu=all" ];
+      # The recipe's `docker run` flags: the workers' shared memory, the pinned expert pools, their stacks,
+      # and ptrace for the workers' CUDA IPC.
+      extraOptions = [
+        "--ipc=host"
+        "--ulimit=memlock=-1:-1"
+        "--ulimit=stack=67108864"
+        "--cap-add=SYS_PTRACE"
+      ];
+    };
+    systemd.services.${containerService} = lib.mkIf cfg.container {
+      startLimitBurst = unit.unit.StartLimitBurst;
+      startLimitIntervalSec = unit.unit.StartLimitIntervalSec;
+      serviceConfig = {
+        ExecStartPre = lib.mkBefore [ "${requireModelDir}" ];
+        # oci-containers restarts always, at once; the 120 GB loader gets the bounded restarts above.
+        Restart = lib.mkForce unit.service.Restart;
+        RestartSec = unit.service.RestartSec;
       };
     };
   };

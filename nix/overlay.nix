@@ -17,9 +17,12 @@ final: prev: {
         inherit glmLib;
         vllm = pyPrev.vllm.override { llguidance = pyFinal.glm53-llguidance; };
       };
+      # vLLM's router, from the PyPI wheel the lock pins (nixpkgs has none).
+      vllm-router = pyFinal.callPackage ../pkgs/vllm-router { inherit glmLib; };
     })
   ];
   glm53 = final.python3Packages.toPythonApplication final.python3Packages.glm53;
+  glm53-router = final.callPackage ../pkgs/glm53-router { inherit glmLib; };
   glm53-runtime = final.callPackage ../pkgs/glm53-runtime { inherit glmLib; };
   # The exllamav3 engine: TabbyAPI and glm53 wrapped to run it.
   tabbyapi = final.callPackage ../pkgs/tabbyapi { inherit glmLib; };

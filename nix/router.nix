@@ -31,14 +31,16 @@ let
   fleetFile = pkgs.writeText "glm53-fleet.json" (builtins.toJSON fleet);
   # Fails the system build when glm53 refuses the fleet: an unknown policy or field, a duplicate or malformed
   # backend URL, a host that is not loopback without listenAll or without a key, flags the packaged
-  # vllm-router does not know. The key itself is a runtime credential: the check uses a stand-in file.
+  # vllm-router does not know. It runs the unit's own package, so the vllm-router it checks the flags with is
+  # the one the service starts (and a package without vllm-router fails here, not at every start). The key
+  # itself is a runtime credential: the check uses a stand-in file.
   checkedFleetFile = pkgs.runCommand "glm53-fleet-checked" { } ''
     umask 077
     export XDG_CACHE_HOME="$PWD/cache" # the router's flag table is cached there, not under a HOME
     echo build-check > "$PWD/key"
     ${lib.escapeShellArgs (
       [
-        (lib.getExe self.packages.${pkgs.stdenv.hostPlatform.system}.glm53)
+        glm53
         "router"
         "${fleetFile}"
         "--dry-run"
@@ -54,9 +56,12 @@ in
 
     package = lib.mkOption {
       type = lib.types.package;
-      default = self.packages.${pkgs.stdenv.hostPlatform.system}.glm53;
-      defaultText = lib.literalExpression "glm53.packages.\${system}.glm53";
-      description = "glm53 with vllm-router in its Python environment (the router needs no GPU and no vLLM).";
+      default = self.packages.${pkgs.stdenv.hostPlatform.system}.glm53-router;
+      defaultText = lib.literalExpression "glm53.packages.\${system}.glm53-router";
+      description = ''
+        glm53 with vllm-router in its Python environment (the router needs no GPU and no vLLM): glm53 starts
+        the router as `python -m glm53.router.launcher`, so vllm-router must be importable by glm53's Python.
+      '';
     };
 
     backends = lib.mkOption {
@@ -156,7 +161,7 @@ in
         RestartSec = 5;
         TimeoutStartSec = 120;
         # --skip-probe: at boot the backends may still be loading (minutes); the router waits for them itself.
-        ExecStart = lib.escapeShellArgs (
+        ExecStart = glmLib.escapeExecArgs (
           [
             glm53
             "router"
@@ -166,10 +171,10 @@ in
           ++ lib.optional cfg.listenAll "--listen-all"
           ++ lib.optionals (cfg.apiKeyFile != null) [
             "--api-key-file"
-            "%d/api-key"
+            (glmLib.specifier "%d/api-key")
           ]
         );
-        LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ "api-key:${cfg.apiKeyFile}" ];
+        LoadCredential = lib.mkIf (cfg.apiKeyFile != null) [ (glmLib.credential "api-key" cfg.apiKeyFile) ];
       };
     };
   };

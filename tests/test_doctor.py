@@ -41,8 +41,15 @@ def test_thresholds_come_from_the_repro_lock() -> None:
 
     lock = load_repro_lock()
     limits = limits_from_lock(lock)
-    assert limits.driver_min == int(lock.engine.cuda.driver_min)
+    assert limits.driver_min == int(lock.engine.cuda.vllm.driver_min) == 580  # CUDA 13.0, the vendor image
     assert limits.capabilities == [(8, 6)] and limits.runs_on((8, 9)) and not limits.runs_on((8, 0))
+    assert not limits.runs_on((9, 0))  # no PTX in the recipe's sm_86 kernels
+    # The exllamav3 engine is nixpkgs' CUDA 12.8 (driver 570+): sm_80 kernels, sm_86 with its PTX for newer GPUs.
+    exl3 = limits_from_lock(lock, "exllamav3")
+    assert (exl3.driver_min, exl3.cuda_version) == (570, "12.8")
+    assert exl3.capabilities == [(8, 0), (8, 6)] and exl3.ptx == (8, 6)
+    assert exl3.runs_on((8, 0)) and exl3.runs_on((8, 9)) and exl3.runs_on((9, 0)) and exl3.runs_on((12, 0))
+    assert not exl3.runs_on((7, 5))
     assert limits.gpu_memory_bytes == lock.hardware.gpu_memory_mib << 20
     newer = limits.model_copy(update={"driver_min": 600})
     facts = _facts("gpu-host", two_3090s())
@@ -62,8 +69,30 @@ def test_host_audit_is_the_same_engine_with_the_validated_hardware() -> None:
     assert {c.name for c in bare.failures} >= {"gpus", "system memory"}
 
 
+def test_host_audit_compares_the_host_with_the_engine_it_will_run(tmp_path: Path) -> None:
+    from glm53.preflight.doctor import read_container_facts
+
+    # Driver 575 runs nixpkgs' CUDA 12.8 (the exllamav3 engine), not the vendor image's CUDA 13 (vLLM).
+    rig = _facts("gpu-host", FakeNvml(gpus=two_3090s().gpus, driver="575.57.08")).host
+    exl3 = audit_host(rig, load_limits("exllamav3"))
+    assert exl3.ok and "CUDA 12.8" in _by_name(exl3)["engine"][1]
+    vllm = audit_host(rig, load_limits("vllm"), read_container_facts(tmp_path, which=lambda name: None))
+    assert {c.name for c in vllm.failures} == {"nvidia driver", "container runtime", "nvidia cdi"}
+    assert "need >= 580 for CUDA 13.0.1" in _by_name(vllm)["nvidia driver"][1]
+    assert "nvidia-container-toolkit" in str(_by_name(vllm)["nvidia cdi"][2])
+    # The vendor image runs where a runtime and the toolkit's CDI specification are (NixOS writes it here).
+    cdi = tmp_path / "var" / "run" / "cdi"
+    cdi.mkdir(parents=True)
+    (cdi / "nvidia-container-toolkit.json").write_text('{"kind": "nvidia.com/gpu", "devices": []}')
+    (cdi / "other.json").write_text('{"kind": "vendor.example/fpga"}')
+    ready = read_container_facts(tmp_path, which=lambda name: f"/usr/bin/{name}" if name == "podman" else None)
+    assert ready.runtimes == ["podman"] and ready.cdi_specs == ["/var/run/cdi/nvidia-container-toolkit.json"]
+    assert audit_host(_facts("gpu-host", two_3090s()).host, load_limits("vllm"), ready).ok
+
+
 def _report(facts: DoctorFacts, profile: str) -> DoctorReport:
-    return run_checks(facts, requirements_for(load_profile(profile, environ={})), load_limits(), profile=profile)
+    loaded = load_profile(profile, environ={})
+    return run_checks(facts, requirements_for(loaded), load_limits(loaded.engine), profile=profile)
 
 
 def _by_name(report: DoctorReport) -> dict[str, tuple[str, str, str | None]]:

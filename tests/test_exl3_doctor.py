@@ -47,7 +47,8 @@ def _facts(nvml: FakeNvml, engine: Exl3EngineFacts = READY, tree: str = "gpu-hos
 
 
 def _report(facts: DoctorFacts, profile: str = "exl3-2x3090") -> DoctorReport:
-    return run_checks(facts, requirements_for(load_profile(profile, environ={})), load_limits(), profile=profile)
+    loaded = load_profile(profile, environ={})
+    return run_checks(facts, requirements_for(loaded), load_limits(loaded.engine), profile=profile)
 
 
 def _by_name(report: DoctorReport) -> dict[str, tuple[str, str, str | None]]:

@@ -56,7 +56,9 @@ def test_nix_reads_the_same_pins_as_python() -> None:
     assert pins["exllamav3"]["wheel"]["hash"] == lock.engine.exllamav3.wheel.hash
     assert pins["nixpkgs"]["rev"] == lock.nix.nixpkgs.rev
     assert pins["checkpoint"]["revision"] == lock.checkpoint.revision
-    assert pins["cuda"]["capabilities"] == lock.engine.cuda.capabilities
+    assert pins["cuda"]["vllm"]["capabilities"] == lock.engine.cuda.vllm.capabilities
+    assert pins["cuda"]["exllamav3"] == lock.engine.cuda.exllamav3.model_dump()
+    assert pins["router"]["python"]["vllm-router"]["sha256"] == lock.router.python["vllm-router"].sha256
 
 
 def test_nix_and_python_default_to_the_same_address() -> None:

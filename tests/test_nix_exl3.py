@@ -21,7 +21,8 @@ import pytest
 
 from glm53.recipe.pins import load_repro_lock
 from tests.support.nixenv import NIX_ENV
-from tests.support.nixeval import GLM53_PREFIX, NIXPKGS_LIB, ROOT, SERVER, needs_nixpkgs_lib
+from tests.support.nixeval import NIXPKGS_LIB, ROOT, SERVER, needs_nixpkgs_lib, prefixes
+from tests.support.systemd_parse import parse_exec
 
 STAND_IN = ROOT / "tests" / "fixtures" / "nix" / "stand-in-nixpkgs.nix"
 SYSTEM = "x86_64-linux"
@@ -163,11 +164,21 @@ class TestFlakeOutputs:
         for number, pin in enumerate(pins):
             pin.update(rev=f"{number:x}" * 40, hash="sha256-" + "A" * 43 + "=")
         filled = tmp_path / "repro.lock.json"
-        filled.write_text(json.dumps(lock))
-        pkgs = (
-            f'(import {nixpkgs} {{ system = "{SYSTEM}"; overlays = [ (import {ROOT}/nix/overlay.nix '
-            f"{{ glmLib = import {ROOT}/nix/lib.nix {{ lockFile = {filled}; }}; }}) ]; }})"
-        )
+
+        def packages(lock: dict[str, Any]) -> str:
+            filled.write_text(json.dumps(lock))
+            return (
+                f'(import {nixpkgs} {{ system = "{SYSTEM}"; overlays = [ (import {ROOT}/nix/overlay.nix '
+                f"{{ glmLib = import {ROOT}/nix/lib.nix {{ lockFile = {filled}; }}; }}) ]; }})"
+            )
+
+        # nixos-25.11's torch is CUDA 12.8, the vendor build CUDA 13.0.1: from source, evaluation says so.
+        refused = _run(["nix-instantiate", "--expr", f"{packages(lock)}.glm53-runtime"])
+        assert refused.returncode != 0
+        assert "the vendor vLLM build is CUDA 13.0.1 (engine.cuda.vllm.version)" in refused.stderr
+        # With a nixpkgs whose torch matched (a lock that says so), the runtime holds that vLLM.
+        lock["engine"]["cuda"]["vllm"]["version"] = "12.8"
+        pkgs = packages(lock)
         runtime = closure(instantiate(f"{pkgs}.glm53-runtime"))
         assert "python3.13-vllm-0.1.dev20073+g8e685d198.drv" in runtime
         assert not [name for name in closure(instantiate(f"{pkgs}.glm53-exl3")) if "vllm" in name.lower()]
@@ -276,15 +287,16 @@ class TestModuleEngine:
     def test_exllamav3_runs_glm53_exl3_with_its_default_profile(self, profiles: Path) -> None:
         data = _module(MODEL + 'engine = "exllamav3";', profiles)
         assert data["failedAssertions"] == [] and data["package"] == "glm53-exl3"
-        argv = shlex.split(data["service"]["serviceConfig"]["ExecStart"])
-        assert argv[:4] == [f"{GLM53_PREFIX}/bin/glm53", "serve", "--profile", "exl3-2x3090"]
+        argv = parse_exec(data["service"]["serviceConfig"]["ExecStart"], specifiers={"d": "/run/credentials"})
+        assert argv[:4] == [f"{prefixes()['exl3']}/bin/glm53", "serve", "--profile", "exl3-2x3090"]
         other = _module(MODEL + 'engine = "exllamav3"; profile = "exl3-1gpu";', profiles)
         assert other["failedAssertions"] == [] and other["package"] == "glm53-exl3"
 
     def test_vllm_stays_the_default(self, profiles: Path) -> None:
-        data = _module(MODEL, profiles)
+        data = _module(MODEL + "container = false;", profiles)
         assert data["failedAssertions"] == [] and data["package"] == "glm53-runtime"
-        assert shlex.split(data["service"]["serviceConfig"]["ExecStart"])[3] == "agent-256k"
+        argv = parse_exec(data["service"]["serviceConfig"]["ExecStart"], specifiers={"d": "/run/credentials"})
+        assert argv[3] == "agent-256k"
 
     def test_a_profile_of_the_other_engine_is_refused(self, profiles: Path) -> None:
         data = _module(MODEL + 'engine = "exllamav3"; profile = "agent-256k";', profiles)

@@ -20,7 +20,7 @@ let
   recipe = {{
     override = _: recipe;
     overridePythonAttrs = change: change {{ }};
-    passthru.cudaPackages.cudaMajorMinorVersion = glmLib.pins.cuda.version;
+    passthru.cudaPackages.cudaMajorMinorVersion = lib.versions.majorMinor glmLib.pins.cuda.vllm.version;
   }};
 in
 import {root}/pkgs/vllm-glm53 {{
@@ -32,6 +32,7 @@ import {root}/pkgs/vllm-glm53 {{
   }};
   fetchFromGitHub = source: "/fetched/${{source.owner}}/${{source.repo}}/${{source.rev}}";
   exllamav3-glm53 = null;
+  nvidia-ml-py = null;
 }}
 """
 

@@ -1,16 +1,20 @@
 """nix/router.nix evaluated by nixpkgs' own lib (`lib.evalModules`), as tests/test_nix_module.py evaluates
 nix/module.nix: the rendered unit (the same hardening source), the API key as a credential, the fleet file,
 and the build-time check (`glm53 router --dry-run` on the rendered fleet) built for real.
+
+The check runs the unit's own package: here a Python environment with glm53 and the real vllm-router (the
+glm53-router package), or one with glm53 alone (the CLI, as packages.glm53 is): the router's flags are
+checked by the vllm-router that package holds, never by whatever this development environment has.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 from pathlib import Path
 
-from tests.support.nixeval import GLM53_PREFIX, ROOT, ROUTER, needs_nixpkgs_lib
+from tests.support.nixeval import ROOT, ROUTER, needs_nixpkgs_lib, prefixes
+from tests.support.systemd_parse import parse_exec
 
 pytestmark = needs_nixpkgs_lib
 
@@ -32,8 +36,8 @@ def test_the_unit_runs_glm53_router_under_the_shared_hardening() -> None:
     assert data["failedAssertions"] == [] and data["ports"] == []
     service = data["service"]
     unit = service["serviceConfig"]
-    argv = shlex.split(unit["ExecStart"])
-    assert argv[:2] == [f"{GLM53_PREFIX}/bin/glm53", "router"] and argv[3:] == ["--skip-probe"]
+    argv = parse_exec(unit["ExecStart"], specifiers={})
+    assert argv[:2] == [f"{prefixes()['router']}/bin/glm53", "router"] and argv[3:] == ["--skip-probe"]
     fleet = json.loads(Path(argv[2]).read_text()) if Path(argv[2]).exists() else None
     hardening = json.loads((ROOT / "python/src/glm53/data/systemd-unit.json").read_text())
     tightened = {"DeviceAllow", "SupplementaryGroups", "RestartSec", "TimeoutStartSec"}
@@ -42,7 +46,8 @@ def test_the_unit_runs_glm53_router_under_the_shared_hardening() -> None:
     }
     assert unit["DeviceAllow"] == [] and unit["DevicePolicy"] == "closed" and unit["SupplementaryGroups"] == []
     assert "LoadCredential" not in unit
-    assert service["environment"] == hardening["environment"]
+    # The data file's environment, and the PATH NixOS gives every service (the router needs nothing on it).
+    assert {k: v for k, v in service["environment"].items() if k != "PATH"} == hardening["environment"]
     del fleet  # the store path exists only once built (test_the_build_time_check_runs_glm53_router)
 
 
@@ -53,7 +58,10 @@ def test_the_api_key_is_a_credential_and_listen_all_needs_it() -> None:
     data = json.loads(result.stdout)
     unit = data["service"]["serviceConfig"]
     assert unit["LoadCredential"] == ["api-key:/run/secrets/glm53"]
-    assert shlex.split(unit["ExecStart"])[-4:] == ["--skip-probe", "--listen-all", "--api-key-file", "%d/api-key"]
+    argv = parse_exec(unit["ExecStart"], specifiers={"d": "/run/credentials/glm53-router.service"})
+    assert argv[-4:] == [
+        *("--skip-probe", "--listen-all", "--api-key-file", "/run/credentials/glm53-router.service/api-key")
+    ]
     assert data["ports"] == [8100]
     without = evaluate(public)
     assert without.returncode == 0, without.stderr
@@ -65,6 +73,14 @@ def test_the_api_key_is_a_credential_and_listen_all_needs_it() -> None:
 def test_an_unknown_policy_fails_evaluation() -> None:
     result = evaluate(CONFIG + ' policy = "fastest";')
     assert result.returncode != 0 and "policy" in result.stderr
+
+
+def test_the_check_fails_with_a_package_that_has_no_vllm_router() -> None:
+    """packages.glm53 (the CLI) has no vllm-router: the router could never start, so the build fails now."""
+    cli = f'{{ type = "derivation"; name = "glm53"; outPath = "{prefixes()["cli"]}"; meta.mainProgram = "glm53"; }}'
+    built = build_check(CONFIG + f" package = {cli};")
+    assert built.returncode != 0
+    assert "the router's flags cannot be checked: vllm-router is not installed here" in built.stderr
 
 
 def test_the_build_time_check_runs_glm53_router() -> None:

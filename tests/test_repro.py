@@ -32,10 +32,21 @@ def test_the_committed_lock_loads_and_names_its_open_pins() -> None:
     assert lock.unpinned() == [
         "engine.vllm.rev",
         "engine.vllm.hash",
+        "engine.vllm.image.hash",
         "engine.glm53_overlay.rev",
         "engine.glm53_overlay.hash",
         *(f"engine.vllm_cmake_sources.sources.{name}.{field}" for name in sources for field in ("rev", "hash")),
     ]
+    # Each open field says what waits on it and what fills it.
+    by_field = {item.field: item for item in lock.unresolved()}
+    assert "glm53 repro resolve" in by_field["engine.vllm.image.hash"].resolved_by
+    assert "by hand" in by_field["engine.vllm_cmake_sources.sources.cutlass.rev"].resolved_by
+    # The recipe's engine is the vendor image's CUDA, the exllamav3 engine nixpkgs' (each with its driver floor).
+    image = lock.engine.vllm.image
+    assert image is not None and image.contents["torch"] == "2.13.0+cu130"
+    assert (lock.engine.cuda.vllm.version, lock.engine.cuda.vllm.driver_min) == (image.contents["cuda"], "580")
+    assert (lock.engine.cuda.exllamav3.version, lock.engine.cuda.exllamav3.driver_min) == ("12.8", "570")
+    assert lock.router.python["vllm-router"].version == "0.1.17"
     digest = repro_lock_sha256(LOCK)
     assert digest is not None and len(digest) == 64
 
@@ -182,4 +193,4 @@ def test_an_unfilled_tabbyapi_pin_is_listed_as_unpinned(tmp_path: Path) -> None:
     path = tmp_path / "repro.lock.json"
     path.write_text(json.dumps(data))
     unpinned = load_repro_lock(path).unpinned()
-    assert unpinned[4:6] == ["engine.tabbyapi.rev", "engine.tabbyapi.hash"]
+    assert unpinned[5:7] == ["engine.tabbyapi.rev", "engine.tabbyapi.hash"]

@@ -110,6 +110,19 @@ def test_dry_run_json_shows_the_exact_argv_and_env(tmp_path: Path) -> None:
     assert data["command"].endswith("--log-level info")
 
 
+def test_a_dry_run_without_vllm_router_fails_instead_of_skipping_the_flag_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What the NixOS module's build-time check meets with a package lacking vllm-router: before, the dry run
+    # passed with the flags unchecked and the service failed at every start.
+    monkeypatch.setattr("glm53.router.flags.router_version", lambda: None)
+    result = run_router_cli(str(FIXTURES / "fleet.toml"), "--dry-run")
+    assert result.code == 3
+    assert "cannot be checked: vllm-router is not installed here" in result.stderr and "glm53-router" in result.stderr
+    skipped = run_router_cli(str(FIXTURES / "fleet.toml"), "--dry-run", "--skip-flag-check", "--json")
+    assert skipped.code == 0 and json.loads(skipped.stdout)["flag_check"]["checked"] is False
+
+
 @needs_router
 def test_the_api_key_travels_in_the_environment_never_argv(tmp_path: Path) -> None:
     key = tmp_path / "key"

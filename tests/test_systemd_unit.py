@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typer.testing import CliRunner
 from glm53.errors import BadInput, Glm53Error
 from glm53.serve import systemd
 from glm53.serve.systemd import UnitSettings, load_unit_data, render_unit
+from tests.support.systemd_parse import expand_specifiers, extract_words, parse_exec, parse_paths
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_systemd_analyze = pytest.mark.skipif(
@@ -84,9 +84,17 @@ def _directives(text: str, key: str) -> list[str]:
     return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith(f"{key}=")]
 
 
+SPECIFIERS = {"d": "/run/credentials/glm53.service"}
+
+
 def _words(command: str) -> list[str]:
-    """An ExecStart= value back to argv (systemd's quoting is shell-like; then undo %% and $$)."""
-    return [word.replace("%%", "%").replace("$$", "$") for word in shlex.split(command)]
+    """An ExecStart= value back to argv, as systemd reads it (tests/support/systemd_parse.py)."""
+    return parse_exec(command, specifiers=SPECIFIERS)
+
+
+def _environment(text: str) -> dict[str, str]:
+    words = [word for line in _directives(text, "Environment") for word in extract_words(line, cunescape=True)]
+    return dict(expand_specifiers(word, SPECIFIERS).split("=", 1) for word in words)
 
 
 # --- the data file --------------------------------------------------------------------------------------------
@@ -164,8 +172,9 @@ def test_the_unit_runs_doctor_then_serve_with_the_data_files_hardening() -> None
     assert serve[:2] == ["/opt/glm53/bin/glm53", "serve"]
     assert serve[-1] == "--skip-preflight"
     assert "--listen-all" not in serve and "--api-key-file" not in serve
-    assert _directives(text, "ReadOnlyPaths") == [MODEL_DIR]
-    environment = dict(item.split("=", 1) for item in _directives(text, "Environment"))
+    # Optional ("-"): a missing checkpoint is explained by glm53 doctor in ExecStartPre (systemd.exec(5)).
+    assert parse_paths(_directives(text, "ReadOnlyPaths")[0], specifiers=SPECIFIERS) == [(MODEL_DIR, True)]
+    environment = _environment(text)
     assert environment["HF_HUB_OFFLINE"] == "1"
     assert environment["VLLM_NO_USAGE_STATS"] == "1"
     assert environment["DO_NOT_TRACK"] == "1"
@@ -189,12 +198,12 @@ def test_paths_with_spaces_percent_dollar_and_quotes_are_quoted_for_systemd() ->
         _settings(model_dir=Path(model), glm53=Path(exe), bin_dir=Path("/opt/glm 53/bin")), load_unit_data()
     )
     exec_start = _directives(unit.text, "ExecStart")[0]
-    assert exec_start.startswith('"/opt/glm 53/bin/glm53" serve ')
+    assert exec_start.startswith('"/opt/glm 53/bin/glm53" "serve" ')
     assert '"/srv/my models/glm 5%% \\"$$HOME\\""' in exec_start
     assert _words(exec_start)[:6] == [exe, "serve", "--profile", "agent-256k", "--model-dir", model]
     # ReadOnlyPaths= expands specifiers but not variables: % doubled, $ kept.
-    assert _directives(unit.text, "ReadOnlyPaths") == ['"/srv/my models/glm 5%% \\"$HOME\\""']
-    assert 'Environment="PATH=/opt/glm 53/bin:' in unit.text
+    assert _directives(unit.text, "ReadOnlyPaths") == ['"-/srv/my models/glm 5%% \\"$HOME\\""']
+    assert _environment(unit.text)["PATH"].startswith("/opt/glm 53/bin:")
 
 
 def test_a_control_character_in_a_path_is_refused() -> None:
@@ -207,9 +216,9 @@ def test_the_api_key_and_env_file_are_credentials_never_in_argv() -> None:
         _settings(api_key_file=Path("/etc/glm53/api key"), env_file=Path("/etc/glm53/50%.env")), load_unit_data()
     )
     assert _directives(unit.text, "LoadCredential") == ["api-key:/etc/glm53/api key", "env-file:/etc/glm53/50%%.env"]
-    serve = _words(_directives(unit.text, "ExecStart")[0].replace("%d", "%%d"))
-    assert serve[serve.index("--api-key-file") + 1] == "%d/api-key"
-    assert serve[serve.index("--env-file") + 1] == "%d/env-file"
+    serve = _words(_directives(unit.text, "ExecStart")[0])
+    assert serve[serve.index("--api-key-file") + 1] == "/run/credentials/glm53.service/api-key"
+    assert serve[serve.index("--env-file") + 1] == "/run/credentials/glm53.service/env-file"
     assert "/etc/glm53/api key" not in _directives(unit.text, "ExecStart")[0]
 
 
@@ -242,8 +251,11 @@ def test_cli_listen_all_with_an_api_key_file(tmp_path: Path) -> None:
     assert result.code == 0, result.stderr
     assert "sk-test-secret" not in result.stdout
     assert _directives(result.stdout, "LoadCredential") == [f"api-key:{key.resolve()}"]
-    serve = _directives(result.stdout, "ExecStart")[0]
-    assert "--host 0.0.0.0 --port 8000 --listen-all --api-key-file %d/api-key --skip-preflight" in serve
+    serve = _words(_directives(result.stdout, "ExecStart")[0])
+    assert serve[-8:] == [
+        *("--host", "0.0.0.0", "--port", "8000", "--listen-all"),
+        *("--api-key-file", "/run/credentials/glm53.service/api-key", "--skip-preflight"),
+    ]
 
 
 def test_cli_warns_when_listening_on_all_interfaces_without_a_key() -> None:
@@ -283,7 +295,7 @@ def test_cli_writes_the_unit_file_and_prints_json(tmp_path: Path) -> None:
     assert printed.code == 0
     payload = json.loads(printed.stdout)
     assert payload["sections"]["Service"]["LimitMEMLOCK"] == "infinity"
-    assert payload["sections"]["Service"]["ExecStart"].endswith("--skip-preflight")
+    assert payload["sections"]["Service"]["ExecStart"].endswith('"--skip-preflight"')
     assert payload["text"] == out.read_text()
 
 

@@ -10,6 +10,7 @@
   # build
   ninja,
   setuptools,
+  symlinkJoin,
   # dependencies (the wheel's Requires-Dist)
   torch,
   tokenizers,
@@ -25,19 +26,47 @@
   einops,
   transformers,
   glmLib,
+  # TORCH_CUDA_ARCH_LIST entries: the lock's (sm_80 kernels, sm_86 kernels with their PTX, which the driver
+  # compiles for any newer GPU). `.override { cudaCapabilities = [ "8.9" ]; }` builds for one GPU only.
+  cudaCapabilities ? glmLib.pins.cuda.exllamav3.capabilities,
 }:
 let
   pin = glmLib.pins.exllamav3;
-  archList = lib.concatStringsSep ";" glmLib.pins.cuda.capabilities;
+  cudaPin = glmLib.pins.cuda.exllamav3;
+  archList = lib.concatStringsSep ";" cudaCapabilities;
   # nvcc must be the CUDA that torch was built with: torch.utils.cpp_extension refuses another major
   # version, and a different minor would link against a second libcudart. So the set is torch's, and
-  # the lock's engine.cuda.version must name it.
+  # the lock's engine.cuda.exllamav3.version must name it.
   inherit (torch) cudaPackages;
   cudaVersion = cudaPackages.cudaMajorMinorVersion;
   fla = callPackage ./fla.nix { inherit torch einops transformers; };
+  # The libraries the extension includes and links, besides nvcc.
+  cudaLibraries = with cudaPackages; [
+    cuda_cudart
+    cuda_cccl
+    libcublas
+    libcusparse
+    libcusolver
+    libcurand
+  ];
+  # torch.utils.cpp_extension takes headers from CUDA_HOME/include and links -lcudart from CUDA_HOME/lib64:
+  # CUDA_HOME must be one tree with nvcc and these libraries (nixpkgs' CUDA is split per component, so
+  # nvcc's own tree has neither), as nixpkgs' vLLM joins them for CUDA_TOOLKIT_ROOT_DIR.
+  cudaHome = symlinkJoin {
+    name = "cuda-home-${cudaVersion}";
+    paths = lib.concatMap (p: [
+      (lib.getBin p)
+      (lib.getLib p)
+      (lib.getDev p)
+    ]) ([ cudaPackages.cuda_nvcc ] ++ cudaLibraries);
+    # cpp_extension looks in lib64.
+    postBuild = ''
+      if [ ! -e $out/lib64 ] && [ -d $out/lib ]; then ln -s lib $out/lib64; fi
+    '';
+  };
 in
-assert lib.assertMsg (cudaVersion == glmLib.pins.cuda.version)
-  "repro.lock.json: engine.cuda.version is ${glmLib.pins.cuda.version}, but torch at the pinned nixpkgs is built with CUDA ${cudaVersion}; ExLlamaV3 is compiled with torch's CUDA, so set engine.cuda.version to ${cudaVersion} (or move torch to another cudaPackages set in nix/nixpkgs.nix)";
+assert lib.assertMsg (cudaVersion == cudaPin.version)
+  "repro.lock.json: engine.cuda.exllamav3.version is ${cudaPin.version}, but torch at the pinned nixpkgs is built with CUDA ${cudaVersion}; ExLlamaV3 is compiled with torch's CUDA, so set engine.cuda.exllamav3.version to ${cudaVersion} (and its driver_min to what that CUDA needs), or move torch to another cudaPackages set in nix/nixpkgs.nix";
 buildPythonPackage {
   pname = "exllamav3";
   inherit (pin) version;
@@ -60,14 +89,7 @@ buildPythonPackage {
     setuptools # build_ext.py runs setuptools' build_ext
     cudaPackages.cuda_nvcc
   ];
-  buildInputs = with cudaPackages; [
-    cuda_cudart
-    cuda_cccl
-    libcublas
-    libcusparse
-    libcusolver
-    libcurand
-  ];
+  buildInputs = cudaLibraries;
   dependencies = [
     torch
     tokenizers
@@ -90,7 +112,7 @@ buildPythonPackage {
   # beside the package (site-packages/exllamav3_ext.*.so), which exllamav3/ext.py imports instead of
   # JIT-compiling. Checked on an H200 (sm_86 + sm_90): see docs/nix.md, "Building the engine".
   postInstall = ''
-    export CUDA_HOME=${lib.getDev cudaPackages.cuda_nvcc}
+    export CUDA_HOME=${cudaHome}
     export TORCH_CUDA_ARCH_LIST="${archList}"
     export MAX_JOBS=$NIX_BUILD_CORES
     site=$out/${torch.pythonModule.sitePackages}
@@ -107,7 +129,7 @@ buildPythonPackage {
   ];
 
   passthru = {
-    inherit cudaPackages;
+    inherit cudaPackages cudaHome cudaCapabilities;
     inherit (fla) fla-core flash-linear-attention;
   };
 

@@ -14,6 +14,7 @@
   torch,
   fetchFromGitHub,
   exllamav3-glm53,
+  nvidia-ml-py,
   glmLib,
 }:
 let
@@ -69,9 +70,10 @@ let
       '';
     };
 
+  cudaPin = pins.cuda.vllm;
   # The lock's capabilities, as CMake's CUDA architectures (8.6 -> 86).
-  cudaArchitectures = lib.concatMapStringsSep ";" (lib.replaceStrings [ "." ] [ "" ]) (
-    pins.cuda.capabilities
+  cudaArchitectures = lib.concatMapStringsSep ";" (c: lib.replaceStrings [ "." "+PTX" ] [ "" "" ] c) (
+    cudaPin.capabilities
   );
   sourceDirs = {
     FLASH_MLA_SRC_DIR = "${withCutlass "flashmla" flashmla flashmla_cutlass}";
@@ -82,7 +84,7 @@ let
   cmakeArgs = [
     (lib.cmakeBool "FETCHCONTENT_FULLY_DISCONNECTED" true)
     (lib.cmakeFeature "FETCHCONTENT_SOURCE_DIR_CUTLASS" "${cutlass}")
-    (lib.cmakeFeature "TORCH_CUDA_ARCH_LIST" (lib.concatStringsSep ";" pins.cuda.capabilities))
+    (lib.cmakeFeature "TORCH_CUDA_ARCH_LIST" (lib.concatStringsSep ";" cudaPin.capabilities))
     (lib.cmakeFeature "CUTLASS_NVCC_ARCHS_ENABLED" cudaArchitectures)
   ]
   ++ lib.mapAttrsToList lib.cmakeFeature sourceDirs
@@ -101,18 +103,26 @@ let
 
   cudaVersion = vllm.passthru.cudaPackages.cudaMajorMinorVersion or torch.cudaPackages.cudaMajorMinorVersion;
 in
-assert lib.assertMsg (cudaVersion == pins.cuda.version)
-  "repro.lock.json: engine.cuda.version is ${pins.cuda.version}, but vLLM at the pinned nixpkgs builds with CUDA ${cudaVersion}";
-(vllm.override { gpuTargets = pins.cuda.capabilities; }).overridePythonAttrs (old: {
+# The vendor build is CUDA 13 with torch 2.13 (engine.cuda.vllm); a nixpkgs whose torch has another CUDA builds
+# another engine.
+assert lib.assertMsg (lib.versions.majorMinor cudaPin.version == cudaVersion)
+  "repro.lock.json: the vendor vLLM build is CUDA ${cudaPin.version} (engine.cuda.vllm.version), but torch at this nixpkgs is built with CUDA ${cudaVersion}: build from source only with a nixpkgs whose torch matches the vendor image's (engine.vllm.image.contents), or run the image (packages.image)";
+(vllm.override { gpuTargets = cudaPin.capabilities; }).overridePythonAttrs (old: {
   version = pins.vllm.version;
   src = engineSrc;
 
-  # nixpkgs' patches and substitutions target its own release; none is carried over.
+  # nixpkgs' patches and substitutions target its own release; none is carried over but the one that lets
+  # vLLM see the GPU (below).
   patches = [ ];
   postPatch = ''
     # The overlay is a tree of files laid over vLLM's package (model, quantization and kernel glue for
     # GLM-5.3 and EXL3); copying it is the whole of "applying" it.
     cp -r --no-preserve=mode ${overlaySrc}/vllm/. vllm/
+
+    # vLLM's vendored pynvml loads libnvidia-ml.so.1 by name, which a Nix-built Python does not find on NixOS;
+    # nixpkgs' recipe removes it for nixpkgs' pynvml (nvidia-ml-py, patched to fall back to
+    # /run/opengl-driver/lib). The vendored module becomes nixpkgs' module, whichever files import it.
+    cp ${./pynvml.py} vllm/third_party/pynvml.py
 
     # nixpkgs provides torch and setuptools at its own versions; the build-system pins are exact.
     sed -i -E 's/"torch ?==[^"]*"/"torch"/; s/"setuptools[<>=][^"]*"/"setuptools"/' pyproject.toml
@@ -121,7 +131,10 @@ assert lib.assertMsg (cudaVersion == pins.cuda.version)
     sed -i -E 's/set\(PYTHON_SUPPORTED_VERSIONS /set(PYTHON_SUPPORTED_VERSIONS "${lib.versions.majorMinor torch.pythonModule.version}" /' CMakeLists.txt
   '';
 
-  dependencies = (old.dependencies or [ ]) ++ [ exllamav3-glm53 ];
+  dependencies = (old.dependencies or [ ]) ++ [
+    exllamav3-glm53
+    nvidia-ml-py
+  ];
 
   # nixpkgs passes cmakeFlags to vLLM's setup.py through its own setup.py patch, dropped above; the
   # vendor setup.py reads CMAKE_ARGS instead, and the source-dir variables are also read from the

@@ -46,7 +46,7 @@ def doctor_cmd(
     out = Output(json_mode=json_out)
     loaded = load_profile(profile, environ={})
     facts = read_facts(host_root, host=host, port=port, model_dir=model_dir, engine=loaded.engine)
-    report = run_checks(facts, requirements_for(loaded), load_limits(), profile=profile)
+    report = run_checks(facts, requirements_for(loaded), load_limits(loaded.engine), profile=profile)
     result = DoctorResult(**dict(report), facts=facts)
     out.result(result, lambda console: render_report(console, report, f"glm53 doctor — profile {profile}"))
     # vLLM's libraries only: an exllamav3 profile has no such check (its engine's checks fail as checks).

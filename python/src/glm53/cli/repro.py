@@ -24,9 +24,10 @@ from glm53.errors import BadInput, CheckFailed
 from glm53.fsutil import missing_directory
 from glm53.host.facts import read_host_facts
 from glm53.output import Output
-from glm53.preflight.doctor import audit_host, limits_from_lock
+from glm53.preflight.doctor import audit_host, limits_from_lock, read_container_facts
 from glm53.preflight.render import render_report
 from glm53.recipe.pins import find_repro_lock, load_repro_lock, repro_lock_sha256
+from glm53.recipe.profiles import load_profile
 from glm53.repro import PinsInForce, audit_build, check_repo
 from glm53.repro.image import compare_image_tarballs, stream_image_twice
 from glm53.repro.manifest import build_manifest, diff_against_lock, diff_manifests, load_manifest, write_manifest
@@ -49,7 +50,7 @@ def register(app: typer.Typer) -> None:
 
 @repro_app.command("show")
 def show(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
-    """Print the pins in force and the lock's sha256.
+    """Print the pins in force, the lock's sha256, and every field still unresolved with what fills it.
 
     Examples:
       glm53 repro show
@@ -59,7 +60,9 @@ def show(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
     path = lock_path or find_repro_lock(Path.cwd())
     lock = load_repro_lock(path)
     sha256 = repro_lock_sha256(path)
-    result = PinsInForce(path=str(path), sha256=sha256, lock=lock, unpinned=lock.unpinned())
+    result = PinsInForce(
+        path=str(path), sha256=sha256, lock=lock, unpinned=lock.unpinned(), unresolved=lock.unresolved()
+    )
     Output(json_mode=json_out).result(result, lambda console: render_pins(lock, str(path), sha256, console))
 
 
@@ -123,22 +126,38 @@ def audit_build_cmd(
 
 
 @repro_app.command("audit-host")
-def audit_host_cmd(lock_path: ReproLockOpt = None, json_out: JsonOpt = False) -> None:
-    """Compare this host's GPUs, driver and memory with the hardware the recipe was validated on.
+def audit_host_cmd(
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", help="The profile to be served: its engine is compared (default: the lock's)."),
+    ] = None,
+    lock_path: ReproLockOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare this host with the engine it will run and the hardware the recipe was validated on.
 
-    The same checks as `glm53 doctor`, with the validated GPU count, model and system memory from the lock.
+    The engine is the profile's: vLLM (the vendor image: CUDA 13, driver 580+, a container runtime and the
+    GPUs as CDI devices) or exllamav3 (nixpkgs' CUDA 12.8, driver 570+). The GPU count, model and system
+    memory are the lock's validated hardware; the checks are the same as `glm53 doctor`'s.
 
     Examples:
       glm53 repro audit-host
-      glm53 repro audit-host --json
+      glm53 repro audit-host --profile exl3-2x3090 --json
     """
 
-    limits = limits_from_lock(load_repro_lock(lock_path))
-    report = audit_host(read_host_facts(engine_libraries=None), limits)
-    Output(json_mode=json_out).result(report, lambda console: render_report(console, report, "host vs lock"))
+    lock = load_repro_lock(lock_path)
+    engine = load_profile(profile or lock.runtime.default_profile, environ={}).engine
+    limits = limits_from_lock(lock, engine)
+    containers = read_container_facts() if engine == "vllm" else None
+    report = audit_host(read_host_facts(engine_libraries=None), limits, containers)
+    title = f"host vs lock — the {engine} engine"
+    Output(json_mode=json_out).result(report, lambda console: render_report(console, report, title))
     if not report.ok:
         names = ", ".join(c.name for c in report.failures)
-        raise CheckFailed(f"this host differs from the validated hardware: {names}", hint="see the fix column")
+        raise CheckFailed(
+            f"this host differs from what the {engine} engine needs or was validated on: {names}",
+            hint="see the fix column",
+        )
 
 
 @repro_app.command("resolve")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import re
+import shutil
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,8 +46,6 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 HOST_OVERHEAD_BYTES = 10 * GIB
 TINY_RAM_BYTES = 4 * GIB
 ENGINE_LIBRARIES_CHECK = "engine libraries"
-# Every compute capability ExLlamaV3 supports (8.0 and newer): same major, any minor (HostLimits.runs_on).
-EXL3_CAPABILITIES = [(8, 0), (9, 0), (10, 0), (11, 0), (12, 0)]
 # ExLlamaV3's kernels need Ampere or newer (TabbyAPI: common/hardware.py, hardware_supports_exllamav3).
 EXL3_MIN_COMPUTE_CAPABILITY = (8, 0)
 
@@ -86,13 +85,16 @@ class Requirements(BaseModel):
 
 
 class HostLimits(BaseModel):
-    """The thresholds of the checks, from repro.lock.json (engine.cuda and hardware)."""
+    """The thresholds of the checks, from repro.lock.json (the engine's engine.cuda entry, and hardware)."""
 
     model_config = ConfigDict(frozen=True)
 
+    engine: str = "vllm"
     driver_min: int
     cuda_version: str
     capabilities: list[tuple[int, int]]  # what the engine's kernels are built for
+    # The capability whose PTX the kernels carry ("8.6+PTX"): the driver compiles it for any newer GPU.
+    ptx: tuple[int, int] | None = None
     gpu: str
     gpu_count: int
     gpu_memory_bytes: int
@@ -104,24 +106,33 @@ class HostLimits(BaseModel):
         return int(self.gpu_memory_bytes * GPU_MEMORY_TOLERANCE)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
-        """Kernels built for X.y run on X.z with z >= y (CUDA's binary compatibility)."""
+        """Kernels built for X.y run on X.z with z >= y (CUDA's binary compatibility); their PTX on any newer GPU."""
+        if self.ptx is not None and capability >= self.ptx:
+            return True
         return any(capability[0] == major and capability[1] >= minor for major, minor in self.capabilities)
 
     @property
     def capabilities_text(self) -> str:
-        return ", ".join(f"sm_{major}{minor}" for major, minor in self.capabilities)
+        text = ", ".join(f"sm_{major}{minor}" for major, minor in self.capabilities)
+        return text + (f" (and the PTX of sm_{self.ptx[0]}{self.ptx[1]})" if self.ptx is not None else "")
 
 
-def limits_from_lock(lock: ReproLock) -> HostLimits:
-    def capability(text: str) -> tuple[int, int]:
-        major, _, minor = text.partition(".")
-        return int(major), int(minor or 0)
+def _capability(text: str) -> tuple[int, int]:
+    major, _, minor = text.removesuffix("+PTX").partition(".")
+    return int(major), int(minor or 0)
 
+
+def limits_from_lock(lock: ReproLock, engine: str = "vllm") -> HostLimits:
+    """The limits of `engine` ("vllm" or "exllamav3"): each engine has its own CUDA, driver floor and kernels."""
+    cuda = lock.engine.cuda.of("exllamav3" if engine == "exllamav3" else "vllm")
+    ptx = [_capability(c) for c in cuda.capabilities if c.endswith("+PTX")]
     hw = lock.hardware
     return HostLimits(
-        driver_min=int(lock.engine.cuda.driver_min),
-        cuda_version=lock.engine.cuda.version,
-        capabilities=[capability(c) for c in lock.engine.cuda.capabilities],
+        engine=engine,
+        driver_min=int(cuda.driver_min),
+        cuda_version=cuda.version,
+        capabilities=[_capability(c) for c in cuda.capabilities],
+        ptx=max(ptx) if ptx else None,
         gpu=hw.gpu,
         gpu_count=hw.gpu_count,
         gpu_memory_bytes=hw.gpu_memory_mib * MIB,
@@ -130,8 +141,8 @@ def limits_from_lock(lock: ReproLock) -> HostLimits:
     )
 
 
-def load_limits() -> HostLimits:
-    return limits_from_lock(load_repro_lock())
+def load_limits(engine: str = "vllm") -> HostLimits:
+    return limits_from_lock(load_repro_lock(), engine)
 
 
 class TargetFacts(BaseModel):
@@ -335,7 +346,8 @@ def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[Che
             status = "fail" if need.gpus else "warn"
             if not cc_ok:
                 problems.append(f"the engine's kernels are built for {limits.capabilities_text}, not {cc}")
-                fixes.append(f"rebuild the engine for {cc} (engine.cuda.capabilities in repro.lock.json)")
+                where = f"engine.cuda.{limits.engine}.capabilities in repro.lock.json"
+                fixes.append(f"rebuild the engine for {cc} ({where})")
             if not big:
                 problems.append(f"total below {_mib(limits.gpu_memory_min_bytes)}")
                 fixes.append(f"use {limits.gpu_memory_bytes // GIB} GB cards")
@@ -626,9 +638,9 @@ def run_checks(
 ) -> DoctorReport:
     host = facts.host
     checks: list[Check] = [check_platform(host)]
+    if limits.engine != need.engine:
+        raise ValueError(f"the limits are the {limits.engine} engine's; the profile runs {need.engine}")
     if need.engine == "exllamav3":
-        # ExLlamaV3's extension is built for the serving GPUs (sm_80 and newer), not for vLLM's capability list.
-        limits = limits.model_copy(update={"capabilities": EXL3_CAPABILITIES})
         engine = facts.exl3 if facts.exl3 is not None else read_exl3_engine()
         checks += check_exl3_engine(engine, host.gpus, limits.exllamav3_version)
     else:
@@ -641,11 +653,77 @@ def run_checks(
     return DoctorReport(profile=profile, checks=checks)
 
 
-def audit_host(host: HostFacts, limits: HostLimits) -> DoctorReport:
-    """This host against the validated hardware: the same GPU checks, with the validated count, plus the
-    GPU model and the system memory the published figures were measured with."""
-    need = Requirements(gpus=limits.gpu_count, ram_bytes=int(limits.system_memory_bytes * SYSTEM_MEMORY_TOLERANCE))
-    checks = check_gpus(host, need, limits)
+# Where the NVIDIA container toolkit writes its CDI specification (nvidia-ctk cdi generate; NixOS's
+# hardware.nvidia-container-toolkit writes /var/run/cdi/nvidia-container-toolkit.json).
+CDI_DIRS = ("etc/cdi", "var/run/cdi", "run/cdi")
+CONTAINER_RUNTIMES = ("podman", "docker")
+
+
+class ContainerFacts(BaseModel):
+    """What running the vendor image needs from the host: a container runtime and the GPUs as CDI devices."""
+
+    model_config = ConfigDict(frozen=True)
+
+    runtimes: list[str]
+    cdi_specs: list[str]  # files that declare the nvidia.com/gpu devices
+
+
+def read_container_facts(root: Path = Path("/"), which: Callable[[str], str | None] | None = None) -> ContainerFacts:
+    find = which or shutil.which
+    specs = []
+    for folder in CDI_DIRS:
+        directory = root / folder
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.iterdir()):
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+            except OSError:
+                continue
+            if "nvidia.com/gpu" in text:
+                specs.append(f"/{folder}/{path.name}")
+    return ContainerFacts(runtimes=[name for name in CONTAINER_RUNTIMES if find(name)], cdi_specs=specs)
+
+
+def check_containers(facts: ContainerFacts) -> list[Check]:
+    """The vLLM engine runs in the vendor image: a runtime to run it, and the GPUs handed over through CDI."""
+    runtime = Check(
+        name="container runtime",
+        status="ok" if facts.runtimes else "fail",
+        detail=", ".join(facts.runtimes) if facts.runtimes else "neither podman nor docker is on PATH",
+        fix=None if facts.runtimes else "install podman or docker (NixOS: services.glm53 does it for the vllm engine)",
+    )
+    cdi = Check(
+        name="nvidia cdi",
+        status="ok" if facts.cdi_specs else "fail",
+        detail=", ".join(facts.cdi_specs) if facts.cdi_specs else "no CDI specification names nvidia.com/gpu",
+        fix=None
+        if facts.cdi_specs
+        else "install the NVIDIA container toolkit and run `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` "
+        "(NixOS: hardware.nvidia-container-toolkit.enable = true)",
+    )
+    return [runtime, cdi]
+
+
+def audit_host(host: HostFacts, limits: HostLimits, containers: ContainerFacts | None = None) -> DoctorReport:
+    """This host against the validated hardware and the engine it will run: the same GPU checks with the
+    validated count and the engine's driver floor and kernels, the GPU model and the system memory the
+    published figures were measured with; for the vLLM engine (the vendor image), a container runtime and the
+    GPUs as CDI devices."""
+    need = Requirements(
+        engine=limits.engine,
+        gpus=limits.gpu_count,
+        ram_bytes=int(limits.system_memory_bytes * SYSTEM_MEMORY_TOLERANCE),
+    )
+    checks = [
+        Check(
+            name="engine",
+            status="ok",
+            detail=f"{limits.engine}: CUDA {limits.cuda_version}, driver >= {limits.driver_min}, "
+            f"kernels for {limits.capabilities_text}",
+        )
+    ]
+    checks += check_gpus(host, need, limits)
     if host.gpus:
         names = [gpu.name for gpu in host.gpus]
         same = all(limits.gpu.removeprefix("NVIDIA ") in name for name in names)
@@ -670,4 +748,6 @@ def audit_host(host: HostFacts, limits: HostLimits) -> DoctorReport:
                 fix=None if enough else "fewer experts fit in host RAM: re-plan (glm53 plan host)",
             )
         )
+    if containers is not None:
+        checks += check_containers(containers)
     return DoctorReport(profile=None, checks=checks)

@@ -45,6 +45,27 @@ class CheckpointPin(_Strict):
     unindexed_files: dict[str, FilePin]
 
 
+_IMAGE_DIGEST = r"^sha256:[0-9a-f]{64}$"
+
+
+class ImagePin(_Strict):
+    """The vendor's OCI image the recipe runs, by digest: `index_digest` is what the recipe names (the manifest
+    list), `digest` the manifest of `platform` that is pulled (dockerTools.pullImage), `hash` the Nix hash of the
+    pulled docker-archive (filled by `glm53 repro resolve`); `contents` what it holds, as read from it."""
+
+    name: str = Field(pattern=r"^[a-z0-9]+([._/-][a-z0-9]+)*$")
+    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    index_digest: str = Field(pattern=_IMAGE_DIGEST)
+    platform: Literal["linux/amd64"]
+    digest: str = Field(pattern=_IMAGE_DIGEST)
+    hash: str | None = Field(default=None, pattern=_SRI)
+    contents: dict[str, str]
+
+    @property
+    def reference(self) -> str:
+        return f"{self.name}:{self.tag}@{self.index_digest}"
+
+
 class SourcePin(_Strict):
     url: str
     version: str | None = None
@@ -52,7 +73,7 @@ class SourcePin(_Strict):
     rev: str | None = Field(default=None, pattern=_HEX40)
     hash: str | None = Field(default=None, pattern=_SRI)
     note: str | None = None
-    vendor_image: str | None = None
+    image: ImagePin | None = None
 
 
 class WheelPin(_Strict):
@@ -97,10 +118,29 @@ class TabbyapiPin(_Strict):
         return self
 
 
+Engine = Literal["vllm", "exllamav3"]
+# A capability as TORCH_CUDA_ARCH_LIST writes it: "8.6", or "8.6+PTX" (kernels for 8.6 plus its PTX, which the
+# driver compiles for newer GPUs).
+_CAPABILITY = r"^[0-9]+\.[0-9]+(\+PTX)?$"
+
+
 class CudaPin(_Strict):
-    version: str
-    driver_min: str
-    capabilities: list[str]
+    """One engine's CUDA: the toolkit its kernels are built with, the driver that toolkit needs, the GPUs its
+    kernels are built for, and where that CUDA comes from."""
+
+    version: str = Field(pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+    driver_min: str = Field(pattern=r"^[0-9]+$")
+    capabilities: list[Annotated[str, StringConstraints(pattern=_CAPABILITY)]] = Field(min_length=1)
+    source: str
+
+
+class CudaPins(_Strict):
+    vllm: CudaPin
+    exllamav3: CudaPin
+
+    def of(self, engine: Engine) -> CudaPin:
+        pin: CudaPin = getattr(self, engine)
+        return pin
 
 
 class FetchedSourcePin(_Strict):
@@ -123,8 +163,14 @@ class EnginePins(_Strict):
     glm53_overlay: SourcePin
     exllamav3: ExllamaPin
     tabbyapi: TabbyapiPin
-    cuda: CudaPin
+    cuda: CudaPins
     vllm_cmake_sources: CmakeSourcePins
+
+
+class RouterPins(_Strict):
+    """vllm-router, which nixpkgs does not package: its PyPI wheel, by sha256."""
+
+    python: dict[Annotated[str, StringConstraints(pattern=_PYPI_NAME)], PythonWheelPin]
 
 
 class NixpkgsPin(_Strict):
@@ -168,6 +214,7 @@ class ReproLock(_Strict):
     schema_version: Literal[1]
     checkpoint: CheckpointPin
     engine: EnginePins
+    router: RouterPins
     nix: NixPins
     runtime: RuntimePins
     hardware: HardwarePins
@@ -175,16 +222,56 @@ class ReproLock(_Strict):
 
     def unpinned(self) -> list[str]:
         """Lock fields still null: a release build cannot be made until they are filled."""
-        pins: list[tuple[str, SourcePin | TabbyapiPin | FetchedSourcePin]] = [
-            ("engine.vllm", self.engine.vllm),
-            ("engine.glm53_overlay", self.engine.glm53_overlay),
-            ("engine.tabbyapi", self.engine.tabbyapi),
+        return [item.field for item in self.unresolved()]
+
+    def unresolved(self) -> list[Unresolved]:
+        """Every lock field still null, what needs it and what fills it (the order `lib.unpinned` lists them)."""
+        resolve = "glm53 repro resolve (where the network is reachable)"
+        pins: list[tuple[str, SourcePin | TabbyapiPin | FetchedSourcePin, str, str]] = [
+            ("engine.vllm", self.engine.vllm, "packages.vllm (the from-source build)", resolve),
+            ("engine.glm53_overlay", self.engine.glm53_overlay, "the vLLM engine's image", resolve),
+            ("engine.tabbyapi", self.engine.tabbyapi, "the exllamav3 engine", resolve),
             *(
-                (f"engine.vllm_cmake_sources.sources.{name}", pin)
+                (
+                    f"engine.vllm_cmake_sources.sources.{name}",
+                    pin,
+                    "packages.vllm (the from-source build)",
+                    f"by hand: the rev from {pin.read_from} at engine.vllm.rev, the hash from the first build",
+                )
                 for name, pin in sorted(self.engine.vllm_cmake_sources.sources.items())  # as Nix lists them
             ),
         ]
-        return [f"{where}.{field}" for where, pin in pins for field in ("rev", "hash") if getattr(pin, field) is None]
+        found = [
+            Unresolved(field=f"{where}.{field}", needed_by=needed_by, resolved_by=how)
+            for where, pin, needed_by, how in pins
+            for field in ("rev", "hash")
+            if getattr(pin, field) is None
+        ]
+        image = self.engine.vllm.image
+        if image is not None and image.hash is None:
+            found.insert(
+                len(nullable_fields(self.engine.vllm)),
+                Unresolved(
+                    field="engine.vllm.image.hash",
+                    needed_by="the vLLM engine's image (dockerTools.pullImage of the vendor image)",
+                    resolved_by="glm53 repro resolve (with nix and the network: it pulls the image once)",
+                ),
+            )
+        return found
+
+
+class Unresolved(BaseModel):
+    """A null lock field: its name, what cannot be built until it is filled, and what fills it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    field: str
+    needed_by: str
+    resolved_by: str
+
+
+def nullable_fields(pin: SourcePin) -> list[str]:
+    return [field for field in ("rev", "hash") if getattr(pin, field) is None]
 
 
 def find_repro_lock(start: Path | None = None) -> Path | None:

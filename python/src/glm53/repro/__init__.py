@@ -21,7 +21,7 @@ from pydantic import BaseModel, computed_field
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import read_bytes_bounded, read_json
 from glm53.proc import BASE_ENV, NETWORK_ENV, environment, run
-from glm53.recipe.pins import ReproLock
+from glm53.recipe.pins import ReproLock, Unresolved
 from glm53.recipe.profiles import load_profile
 from glm53.safetext import mask_secrets, quoted
 
@@ -29,12 +29,14 @@ MAX_TRACKED_FILE_BYTES = 20 * 1024 * 1024
 
 
 class PinsInForce(BaseModel):
-    """`glm53 repro show`'s result: the lock in force, its sha256 and the fields still unpinned."""
+    """`glm53 repro show`'s result: the lock in force, its sha256, the fields still unpinned, and for each what
+    waits on it and what fills it."""
 
     path: str
     sha256: str | None
     lock: ReproLock
     unpinned: list[str]
+    unresolved: list[Unresolved]
 
 
 # -- repository check ---------------------------------------------------------------------------

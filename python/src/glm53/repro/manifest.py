@@ -451,11 +451,13 @@ def diff_against_lock(m: Manifest, lock_path: Path, *, m_name: str = "manifest")
     if any(g.memory_total_bytes >> 20 < hw.gpu_memory_mib for g in gpus):
         have = ",".join(str(g.memory_total_bytes >> 20) for g in gpus)
         add("pinned", "GPU memory MiB", have, str(hw.gpu_memory_mib), "the KV cache and weights were sized for it")
-    driver_min = lock.engine.cuda.driver_min
-    if m.host.driver is None or _version_tuple(m.host.driver) < _version_tuple(driver_min):
-        add("pinned", "NVIDIA driver", m.host.driver, f">= {driver_min}", "the CUDA build needs it")
-    if m.host.cuda_runtime != lock.engine.cuda.version:
-        add("pinned", "CUDA runtime", m.host.cuda_runtime, lock.engine.cuda.version, "the engine is built against it")
+    # The recipe's engine: the vendor vLLM image's CUDA (torch reports major.minor, the lock the full version).
+    cuda = lock.engine.cuda.vllm
+    if m.host.driver is None or _version_tuple(m.host.driver) < _version_tuple(cuda.driver_min):
+        add("pinned", "NVIDIA driver", m.host.driver, f">= {cuda.driver_min}", "the CUDA build needs it")
+    cuda_minor = ".".join(cuda.version.split(".")[:2])
+    if m.host.cuda_runtime != cuda_minor:
+        add("pinned", "CUDA runtime", m.host.cuda_runtime, cuda_minor, "the engine is built against it")
     vllm = m.packages.get("vllm")
     if vllm != lock.engine.vllm.version:
         add("pinned", "package vllm", vllm, lock.engine.vllm.version, "the vendor engine build")

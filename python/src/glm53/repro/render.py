@@ -19,6 +19,13 @@ def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Conso
     table.add_column("value")
     table.add_row("checkpoint", f"{lock.checkpoint.repo}@{lock.checkpoint.revision} ({lock.checkpoint.branch})")
     table.add_row("vLLM", f"{lock.engine.vllm.version} rev {lock.engine.vllm.rev or 'unpinned'}")
+    image = lock.engine.vllm.image
+    if image is not None:
+        contents = ", ".join(f"{name} {version}" for name, version in image.contents.items())
+        table.add_row(
+            "vLLM image",
+            f"{image.reference} ({image.platform} {image.digest}); Nix hash {image.hash or 'unresolved'}; {contents}",
+        )
     table.add_row(
         "GLM-5.3 overlay", f"{lock.engine.glm53_overlay.short_rev} rev {lock.engine.glm53_overlay.rev or 'unpinned'}"
     )
@@ -28,18 +35,27 @@ def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Conso
     table.add_row(
         "TabbyAPI", f"rev {tabby.rev or 'unpinned'} ({tabby.date})" + (f"; PyPI wheels: {wheels}" if wheels else "")
     )
-    table.add_row(
-        "CUDA",
-        f"{lock.engine.cuda.version}, driver >= {lock.engine.cuda.driver_min}, "
-        f"sm {','.join(lock.engine.cuda.capabilities)}",
-    )
+    for engine in ("vllm", "exllamav3"):
+        cuda = lock.engine.cuda.of(engine)
+        table.add_row(
+            f"CUDA ({engine})",
+            f"{cuda.version}, driver >= {cuda.driver_min}, sm {','.join(cuda.capabilities)}; {cuda.source}",
+        )
+    wheels = ", ".join(f"{name} {wheel.version}" for name, wheel in sorted(lock.router.python.items()))
+    table.add_row("router", f"PyPI wheels: {wheels}")
     table.add_row("nixpkgs", f"{lock.nix.nixpkgs.ref} {lock.nix.nixpkgs.rev}")
     table.add_row(
         "hardware", f"{lock.hardware.gpu_count}x {lock.hardware.gpu}, {lock.hardware.system_memory_gib} GiB RAM"
     )
     console.print(table)
-    if lock.unpinned():
-        console.print("[yellow]unpinned:[/yellow] " + ", ".join(lock.unpinned()))
+    unresolved = lock.unresolved()
+    if unresolved:
+        pending = Table(title=f"[yellow]unresolved: {len(unresolved)}[/yellow]")
+        for column in ("field", "needed by", "resolved by"):
+            pending.add_column(column)
+        for item in unresolved:
+            pending.add_row(item.field, item.needed_by, item.resolved_by)
+        console.print(pending)
 
 
 def render_findings(title: str, findings: Sequence[Finding], console: Console) -> None:

@@ -82,11 +82,23 @@ def _flag_check(req: RouterRequest, launch: RouterLaunch) -> RouterFlagCheck:
     return check_router_flags(launch.argv, router_command())
 
 
+def _require_checked(req: RouterRequest, check: RouterFlagCheck) -> None:
+    """A launch whose flags could not be checked is not accepted: the router it names is not installed here
+    (the NixOS module's build-time check, a dry run before a start). --skip-flag-check says so on purpose."""
+    if not check.checked and not req.skip_flag_check:
+        raise Unavailable(
+            f"the router's flags cannot be checked: {check.reason}",
+            hint="install vllm-router in glm53's Python (pip install vllm-router==0.1.17; on NixOS the "
+            "glm53-router package), or pass --skip-flag-check",
+        )
+
+
 def dry_run(req: RouterRequest, out: Output) -> RouterDryRun:
     resolved = resolve(req)
     for warning in resolved.warnings:
         out.warn(warning)
     check = _flag_check(req, resolved.launch)
+    _require_checked(req, check)
     return RouterDryRun(
         launch=resolved.launch,
         command=shlex.join(resolved.launch.argv),
@@ -153,12 +165,11 @@ def start(req: RouterRequest, out: Output) -> NoReturn:
         out.warn(warning)
     launch = resolved.launch
     check = _flag_check(req, launch)
+    _require_checked(req, check)
     if check.checked:
         out.info(
             f"flags accepted by vllm-router {check.router_version}'s parser" + (" (cached)" if check.cached else "")
         )
-    elif not req.skip_flag_check:
-        raise Unavailable(f"cannot start the router: {check.reason}", hint="pip install vllm-router==0.1.17")
     if not req.skip_probe:
         probe_backends(resolved.fleet, resolved.api_key)
     env = router_environment(launch, os.environ, resolved.api_key)

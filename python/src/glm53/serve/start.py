@@ -93,7 +93,7 @@ def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:
     report = run_checks(
         read_facts(req.root, host=spec.host, port=spec.port, model_dir=req.model_dir, engine=spec.engine),
         requirements_for(launch.profile),
-        load_limits(),
+        load_limits(launch.profile.engine),
         profile=req.profile,
     )
     for check in report.checks:

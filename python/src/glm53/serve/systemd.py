@@ -10,12 +10,14 @@ The hardening and limits live once, in `glm53/data/systemd-unit.json`; the NixOS
 env file as systemd credentials (read by systemd itself, so they may be root-only or under /home), the
 checkpoint read-only, and the environment.
 
-Every value from the user is escaped for the directive it goes into: `%` for specifiers, `$` in command
-lines, quotes and backslashes; control characters are refused.
+Every value from the user is escaped for the directive it goes into, by the rule the NixOS module uses too
+(JSON-quoted, `%` doubled, `$` doubled in command lines); control characters are refused. The checkpoint is
+read-only but optional (`ReadOnlyPaths=-...`), so a missing one is explained by `glm53 doctor` in ExecStartPre.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -48,9 +50,8 @@ CREDENTIAL_ENV_FILE = "env-file"
 
 Value = str | int | bool | list[str]
 _DIRECTIVE = re.compile(r"[A-Z][A-Za-z0-9]*\Z")
-# Words that need no quotes in a unit file (after % and $ are doubled).
-_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_UNSAFE_COMMAND = "$\"'\\"
 
 
 class UnitData(BaseModel):
@@ -240,6 +241,14 @@ def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[Unit
     bin_dir = exe.resolve().parent
     for path, flag in ((exe, "--glm53"), (bin_dir, "--glm53 (resolved)")):
         _check_text(str(path), flag=flag)
+        unsafe = sorted(set(_UNSAFE_COMMAND).intersection(str(path)))
+        if unsafe:
+            # systemd refuses a command whose path holds quotes or backslashes ("Executable name contains
+            # special characters") and does not expand `$` in it, while the one escaping rule doubles `$`.
+            raise BadInput(
+                f"{flag}: {path} holds {' '.join(unsafe)}, which systemd does not accept in a command's path",
+                hint="install glm53 under a directory whose path has none of $ \" ' \\",
+            )
         _check_visible(
             path,
             flag=flag,
@@ -269,33 +278,53 @@ def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[Unit
 
 
 # --- escaping -----------------------------------------------------------------------------------------------
+#
+# One rule for every value a unit takes from the user, the NixOS module's too (nix/lib.nix escapeExecArgs, which
+# is nixpkgs' escapeSystemdExecArg of nixos/lib/utils.nix): a JSON string, which systemd unquotes with C escapes,
+# with `%` doubled (specifiers) and, in command lines, `$` doubled (variables). tests/test_systemd_escaping.py
+# holds the two renderers byte-equal for hostile paths.
 
 
 class Raw(str):
-    """A word written into the unit as it is: it uses a specifier on purpose (`%d/api-key`)."""
+    """A word that uses a specifier on purpose (`%d/api-key`): quoted, its `%` kept."""
 
 
 def escape_specifiers(text: str) -> str:
     return text.replace("%", "%%")
 
 
+def _json(text: str) -> str:
+    # ensure_ascii=False: Nix's builtins.toJSON keeps UTF-8 as it is.
+    return json.dumps(text, ensure_ascii=False)
+
+
 def quote_word(word: str, *, command: bool = False) -> str:
-    """One word of a directive that splits words (ExecStart=, ReadOnlyPaths=, Environment=): specifiers
-    escaped, `$` doubled in command lines, quoted when it is not plain."""
+    """One word of a directive that splits words (ExecStart=, Environment=): always quoted; specifiers
+    escaped; `$` doubled in command lines."""
     if isinstance(word, Raw):
-        return str(word)
+        return _json(str(word))
     _check_text(word, flag="unit value")
-    text = escape_specifiers(word)
-    if command:
-        text = text.replace("$", "$$")
-    if _PLAIN_WORD.match(text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    text = escape_specifiers(_json(word))
+    return text.replace("$", "$$") if command else text
 
 
 def command_line(argv: list[str]) -> str:
     """argv as an ExecStart= value: each word quoted for systemd, never through a shell."""
     return " ".join(quote_word(word, command=True) for word in argv)
+
+
+def optional_path(path: str) -> str:
+    """A ReadOnlyPaths= entry that systemd skips when the path is missing (the `-` prefix, systemd.exec(5)), so
+    that the unit reaches ExecStartPre, where `glm53 doctor` says what is missing, instead of failing its
+    namespace setup (status 226/NAMESPACE) with no word about the checkpoint."""
+    _check_text(path, flag="unit path")
+    return escape_specifiers(_json("-" + path))
+
+
+def credential(name: str, path: str) -> str:
+    """LoadCredential=NAME:PATH (systemd takes the path to the end of the line and expands specifiers)."""
+    _check_text(path, flag="credential path")
+    return f"{name}:{escape_specifiers(path)}"
 
 
 def _scalar(value: str | int | bool) -> str:
@@ -337,14 +366,14 @@ def launch_directives(settings: UnitSettings, data: UnitData) -> dict[str, str |
     }
     credentials = []
     if settings.api_key_file is not None:
-        credentials.append(f"{CREDENTIAL_API_KEY}:{escape_specifiers(str(settings.api_key_file))}")
+        credentials.append(credential(CREDENTIAL_API_KEY, str(settings.api_key_file)))
     if settings.env_file is not None:
-        credentials.append(f"{CREDENTIAL_ENV_FILE}:{escape_specifiers(str(settings.env_file))}")
+        credentials.append(credential(CREDENTIAL_ENV_FILE, str(settings.env_file)))
     if credentials:
         directives["LoadCredential"] = credentials
     environment = {"PATH": f"{settings.bin_dir}:{SYSTEM_PATH}", **data.environment}
     directives["Environment"] = [quote_word(f"{key}={value}") for key, value in environment.items()]
-    directives["ReadOnlyPaths"] = quote_word(str(settings.model_dir))
+    directives["ReadOnlyPaths"] = optional_path(str(settings.model_dir))
     return directives
 
 
@@ -392,9 +421,11 @@ __all__ = [
     "UnitFile",
     "UnitSettings",
     "command_line",
+    "credential",
     "exec_argvs",
     "find_glm53",
     "load_unit_data",
+    "optional_path",
     "quote_word",
     "render_unit",
     "running_glm53",

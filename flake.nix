@@ -57,6 +57,11 @@
             // {
               imageName = "glm53";
               imageTag = glmLib.version;
+              # `glm53 repro resolve` builds this to learn the vendor image's hash (a placeholder here).
+              probe = pkgs.callPackage ./nix/vendor-pull.nix {
+                inherit glmLib;
+                hash = pkgs.lib.fakeHash;
+              };
             };
           # vLLM from source (the vendor commit on nixpkgs' recipe): for a nixpkgs whose torch and CUDA match
           # the vendor build, which nixos-25.11's do not (docs/nix.md).

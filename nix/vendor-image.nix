@@ -22,17 +22,7 @@ let
   overlayPin = glmLib.pins.glm53_overlay;
   wheel = glmLib.pins.exllamav3.wheel;
 
-  # `glm53 repro resolve` fills the hash: it pulls the image once where the network is.
-  vendor = dockerTools.pullImage {
-    imageName = pin.name;
-    # The linux/amd64 manifest of the index digest the recipe names.
-    imageDigest = pin.digest;
-    hash = requirePin "engine.vllm.image.hash" pin.hash;
-    finalImageName = pin.name;
-    finalImageTag = pin.tag;
-    os = "linux";
-    arch = "amd64";
-  };
+  vendor = import ./vendor-pull.nix { inherit dockerTools glmLib; };
   overlay = fetchFromGitHub {
     inherit (glmLib.githubRepo "engine.glm53_overlay.url" overlayPin.url) owner repo;
     rev = requirePin "engine.glm53_overlay.rev" overlayPin.rev;

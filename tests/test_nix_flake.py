@@ -151,6 +151,10 @@ def test_the_vllm_engine_is_the_vendor_image_by_digest_with_the_overlay_and_exll
     message = entry["args"][1]
     assert "engine.vllm.image.hash, engine.glm53_overlay.rev, engine.glm53_overlay.hash not pinned yet" in message
     assert "glm53 repro show lists them and what fills each" in message
+    # What `glm53 repro resolve` builds to learn the hash: the same pull, with a placeholder.
+    (probe,) = derivations(instantiate(f"{outputs}.packages.{SYSTEM}.image.probe")).values()
+    assert probe["env"]["imageDigest"] == LOCK.engine.vllm.image.digest  # type: ignore[union-attr]
+    assert probe["env"]["outputHashSri"] == "sha256-" + "A" * 43 + "="  # lib.fakeHash
 
     # Filled (in a copy of the lock), the image is the vendor image pulled by its amd64 digest, ...
     lock = _filled_lock(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -99,12 +100,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         daemon.wait(timeout=10)
 
 
-def _lock_copy(tmp_path: Path, vllm: tuple[str, str], overlay: tuple[str, str]) -> Path:
+IMAGE_HASH = "sha256-" + "I" * 43 + "="
+
+
+def _lock_copy(tmp_path: Path, vllm: tuple[str, str], overlay: tuple[str, str], *, image: bool = True) -> Path:
+    """The lock with its source pins pointed at local servers; the vendor image's hash filled unless `image`
+    is False (then resolving it is part of the run)."""
     text = (ROOT / "repro.lock.json").read_text()
     data = json.loads(text)
     for (url, short), name in ((vllm, "vllm"), (overlay, "glm53_overlay")):
         text = text.replace(f'"url": "{data["engine"][name]["url"]}"', f'"url": "{url}"')
         text = text.replace(f'"short_rev": "{data["engine"][name]["short_rev"]}"', f'"short_rev": "{short}"')
+    if image:
+        assert text.count('"hash": null,\n        "contents"') == 1
+        text = text.replace('"hash": null,\n        "contents"', f'"hash": "{IMAGE_HASH}",\n        "contents"')
     path = tmp_path / "repro.lock.json"
     path.write_text(text)
     return path
@@ -277,6 +286,7 @@ def _tabby_lock(tmp_path: Path, rev: str | None, hash_: str | None) -> Path:
     data = json.loads((ROOT / "repro.lock.json").read_text())
     assert data["engine"]["tabbyapi"]["url"] == TABBY_URL
     data["engine"]["tabbyapi"].update(rev=rev, hash=hash_)
+    data["engine"]["vllm"]["image"]["hash"] = IMAGE_HASH
     for name in ("vllm", "glm53_overlay"):
         pin = data["engine"][name]
         pin.update(rev=pin["short_rev"].ljust(40, "0"), hash="sha256-" + "A" * 43 + "=")
@@ -369,3 +379,75 @@ def test_a_source_trees_nar_hash_is_nixs_from_disk_and_from_git_archive(tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == SOURCE_TREE_NAR
+
+
+# -- the vendor image's hash, as Nix computes it ---------------------------------------------------------------
+
+
+def _fake_nix(tmp_path: Path, stderr: str, code: int = 1) -> dict[str, str]:
+    """A `nix` that records its argv and answers as `nix build` does for a fixed-output fetch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (tmp_path / "stderr").write_text(stderr)
+    (bin_dir / "nix").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "argv"}\ncat {tmp_path / "stderr"} >&2\nexit {code}\n'
+    )
+    (bin_dir / "nix").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+MISMATCH = """error: hash mismatch in fixed-output derivation '/nix/store/x-docker-image-vllm-openai.tar.drv':
+         specified: sha256-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
+            got:    sha256-2WI5gKiwd3rr2+HkM0VBYwRfEeS1bPsZqUQoTn5PEDc=
+"""
+
+
+def test_resolve_fills_the_vendor_images_hash_that_nix_reports(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, repos, _ = served
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    lock = _lock_copy(
+        repo,
+        (f"{url}/vllm.git", repos["vllm.git"][-1][:9]),
+        (f"{url}/overlay.git", repos["overlay.git"][-1][:7]),
+        image=False,
+    )
+    (repo / "flake.nix").write_text("{ }\n")
+    for key, value in _fake_nix(tmp_path, MISMATCH).items():
+        monkeypatch.setenv(key, value)
+    dry = run_glm53("repro", "resolve", "--lock", str(lock), "--dry-run", "--json")
+    assert dry.code == 0 and dry.json()["would_pull"]["digest"].startswith("sha256:0aea3024")
+    done = run_glm53("repro", "resolve", "--lock", str(lock), "--yes", "--json")
+    assert done.code == 0, done.stderr
+    assert done.json()["image"]["hash"] == "sha256-2WI5gKiwd3rr2+HkM0VBYwRfEeS1bPsZqUQoTn5PEDc="
+    after = json.loads(lock.read_text())["engine"]["vllm"]["image"]
+    assert after["hash"] == "sha256-2WI5gKiwd3rr2+HkM0VBYwRfEeS1bPsZqUQoTn5PEDc="
+    # The pull is the flake's own expression (nix/vendor-pull.nix), with a placeholder hash.
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[-3:] == ["build", "--no-link", f"{repo}#image.probe"]
+
+
+def test_an_image_nix_cannot_pull_is_exit_3_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    data = json.loads((ROOT / "repro.lock.json").read_text())
+    for name in ("vllm", "glm53_overlay"):  # only the image is left to resolve
+        pin = data["engine"][name]
+        pin.update(rev=pin["short_rev"].ljust(40, "0"), hash="sha256-" + "A" * 43 + "=")
+    lock = repo / "repro.lock.json"
+    lock.write_text(json.dumps(data, indent=2) + "\n")
+    (repo / "flake.nix").write_text("{ }\n")
+    before = lock.read_text()
+    failure = (
+        "error: pinging container registry registry-1.docker.io: dial tcp: lookup registry-1.docker.io: no such host\n"
+    )
+    for key, value in _fake_nix(tmp_path, failure).items():
+        monkeypatch.setenv(key, value)
+    result = run_glm53("repro", "resolve", "--lock", str(lock), "--yes")
+    assert result.code == 3, result.stderr
+    assert "nix could not pull vllm/vllm-openai:qwen38-flash-next" in result.stderr
+    assert "nothing was written" in result.stderr and lock.read_text() == before

@@ -38,7 +38,14 @@ from glm53.repro.render import (
     render_manifest_diff,
     render_pins,
 )
-from glm53.repro.resolve import ResolvePreview, describe_fetches, pending_pins, plan_resolution, write_resolution
+from glm53.repro.resolve import (
+    ResolvePreview,
+    describe_fetches,
+    pending_image,
+    pending_pins,
+    plan_resolution,
+    write_resolution,
+)
 from glm53.safetext import printable
 
 repro_app = App(help="Audit the repository, builds and hosts against repro.lock.json.", no_args_is_help=True)
@@ -176,8 +183,10 @@ def resolve_cmd(
 
     TabbyAPI (engine.tabbyapi) gets the hash of its commit; when its commit is null, or with
     `--update tabbyapi`, the newest commit of its upstream's default branch, its hash and date.
+    The vendor image (engine.vllm.image) gets its Nix hash: the flake next to the lock pulls it once by its
+    digest (`nix build DIR#image.probe`) and the hash Nix reports is written.
     Asks the upstream git server (a network fetch); shows the diff, then asks before writing (or --yes).
-    Exit 3 when a server cannot be reached: nothing is written.
+    Exit 3 when a server or the registry cannot be reached: nothing is written.
 
     Examples:
       glm53 repro resolve --dry-run
@@ -188,13 +197,17 @@ def resolve_cmd(
     if path is None:
         raise BadInput("repro.lock.json not found", hint="pass --lock FILE")
     updates = tuple(update or ())
-    pending = pending_pins(load_repro_lock(path), update=updates)
+    lock = load_repro_lock(path)
+    pending = pending_pins(lock, update=updates)
+    image = pending_image(lock, path)
     out = Output(json_mode=json_out)
-    if dry_run or not pending:
+    if dry_run or not (pending or image):
         out.result(
-            ResolvePreview(lock=str(path), would_fetch=pending),
+            ResolvePreview(lock=str(path), would_fetch=pending, would_pull=image),
             lambda console: console.print(
-                ("would fetch: " + describe_fetches(pending)) if pending else "every source pin is resolved"
+                ("would fetch: " + describe_fetches(pending, image))
+                if pending or image
+                else "every source pin is resolved"
             ),
         )
         return

@@ -12,6 +12,11 @@ null (or named by `--update`):
    GitHub's tarball holds, so the tree fetchFromGitHub unpacks.
 3. the hash: the NAR sha256 of that tree in SRI form (glm53.repro.nar), what the fixed-output fetch checks.
 
+The vendor image (`engine.vllm.image`, pinned by digest) has its Nix hash filled the way Nix itself computes
+it: the flake next to the lock pulls it once with dockerTools.pullImage and a placeholder hash
+(`nix build DIR#image.probe`), and the hash Nix reports for what it pulled is written (the image is a
+docker-archive skopeo writes, which only that same pull reproduces).
+
 The lock is edited as text (its hand formatting kept) and written atomically; the result is parsed again and
 must be the old lock with exactly those fields set. A hash is written only when it was computed here.
 """
@@ -83,17 +88,34 @@ def _wanted(pin: PendingPin) -> str:
     return pin.rev or pin.short_rev or "the newest commit of its default branch"
 
 
+class PendingImage(BaseModel):
+    """The vendor image whose Nix hash is still null: pulled by `flake`'s `image.probe`."""
+
+    reference: str
+    digest: str
+    flake: str
+
+
+class ResolvedImage(BaseModel):
+    reference: str
+    digest: str
+    hash: str
+
+
 class ResolvePreview(BaseModel):
-    """`glm53 repro resolve --dry-run`'s result (and the result when nothing is pending): what would be fetched."""
+    """`glm53 repro resolve --dry-run`'s result (and the result when nothing is pending): what would be fetched,
+    and the vendor image that would be pulled for its hash."""
 
     lock: str
     would_fetch: list[PendingPin]
+    would_pull: PendingImage | None = None
     written: bool = False
 
 
 class Resolution(BaseModel):
     lock: str
     resolved: list[ResolvedPin]
+    image: ResolvedImage | None = None
     diff: str
     written: bool = False
 
@@ -129,8 +151,67 @@ def pending_pins(lock: ReproLock, *, update: tuple[str, ...] = ()) -> list[Pendi
     return pending
 
 
-def describe_fetches(pending: list[PendingPin]) -> str:
-    return "; ".join(f"engine.{p.name}: {_wanted(p)} from {shown(p.url)}" for p in pending)
+def describe_fetches(pending: list[PendingPin], image: PendingImage | None = None) -> str:
+    fetches = [f"engine.{p.name}: {_wanted(p)} from {shown(p.url)}" for p in pending]
+    if image is not None:
+        fetches.append(
+            f"engine.vllm.image.hash: pull {image.reference} ({image.digest}) with {image.flake}#image.probe"
+        )
+    return "; ".join(fetches)
+
+
+IMAGE_PROBE = "image.probe"
+_GOT = re.compile(r"got:\s+(sha256-[A-Za-z0-9+/]{43}=)")
+
+
+def pending_image(lock: ReproLock, lock_path: Path) -> PendingImage | None:
+    """The vendor image when its hash is null; the flake that pulls it is the one next to the lock."""
+    image = lock.engine.vllm.image
+    if image is None or image.hash is not None:
+        return None
+    flake = lock_path.resolve().parent
+    return PendingImage(reference=image.reference, digest=image.digest, flake=str(flake))
+
+
+def image_hash(image: PendingImage, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    """Pull the image once with Nix (a placeholder hash) and return the hash Nix reports for it."""
+    if not (Path(image.flake) / "flake.nix").is_file():
+        raise BadInput(
+            f"engine.vllm.image.hash: {image.flake} has no flake.nix to pull the image with",
+            hint="resolve the lock of the glm53 repository, inside it",
+        )
+    argv = [
+        "nix",
+        "--extra-experimental-features",
+        "nix-command flakes",
+        "build",
+        "--no-link",
+        f"{image.flake}#{IMAGE_PROBE}",
+    ]
+    # Nix's own settings (NIX_*, XDG_*), a proxy and certificates: the rest of our environment stays here.
+    own = [name for name in os.environ if name.startswith(("NIX_", "XDG_"))]
+    try:
+        done = run(
+            argv,
+            env=environment((*BASE_ENV, *NETWORK_ENV, *own)),
+            what="engine.vllm.image.hash",
+            timeout=timeout,
+            missing_hint="the image's hash is what Nix computes: install Nix",
+        )
+    except TimedOut as exc:
+        raise Unavailable(
+            f"engine.vllm.image.hash: pulling {image.reference} took longer than {timeout:.0f} s",
+            hint="run again with a longer --timeout (the image is several GB); nothing was written",
+        ) from exc
+    found = _GOT.search((done.stderr or b"").decode("utf-8", errors="replace"))
+    if found is not None:
+        return found.group(1)
+    lines = text(done.stderr).splitlines()
+    raise Unavailable(
+        f"engine.vllm.image.hash: nix could not pull {image.reference}: "
+        + (lines[-1] if lines else f"exit {done.returncode}"),
+        hint=f"run again where the registry is reachable; it pulls {image.digest} (nothing was written)",
+    )
 
 
 # The variables git may see: ours for programs, home, proxies and certificates; the user's own git settings
@@ -345,8 +426,9 @@ def _set_field(text: str, path: tuple[str, ...], key: str, value: str) -> str:
     return text[: field.start()] + field.group(1) + json.dumps(value) + text[field.end() :]
 
 
-def updated_lock_text(text: str, resolved: list[ResolvedPin]) -> str:
-    """The lock's text with each pin's rev and hash set, every other byte unchanged; checked by parsing."""
+def updated_lock_text(text: str, resolved: list[ResolvedPin], image: ResolvedImage | None = None) -> str:
+    """The lock's text with each pin's rev and hash (and the image's hash) set, every other byte unchanged;
+    checked by parsing."""
     new = text
     expected = json.loads(text)
     for pin in resolved:
@@ -354,6 +436,9 @@ def updated_lock_text(text: str, resolved: list[ResolvedPin]) -> str:
         for key, value in fields:
             new = _set_field(new, ("engine", pin.name), key, value)
             expected["engine"][pin.name][key] = value
+    if image is not None:
+        new = _set_field(new, ("engine", "vllm", "image"), "hash", image.hash)
+        expected["engine"]["vllm"]["image"]["hash"] = image.hash
     if json.loads(new) != expected:
         raise ValueError("the edited lock does not parse to the intended values")
     ReproLock.model_validate(expected)
@@ -375,15 +460,23 @@ def plan_resolution(
     Writes nothing."""
     lock = load_repro_lock(path)
     pending = pending_pins(lock, update=update)
+    wanted_image = pending_image(lock, path)
     old = read_text_bounded(path, what="repro lock")
-    if not pending:
+    if not pending and wanted_image is None:
         return Resolution(lock=str(path), resolved=[], diff=""), old, old
     resolved = resolve_pins(pending, timeout=timeout)
+    image = None
+    if wanted_image is not None:
+        image = ResolvedImage(
+            reference=wanted_image.reference,
+            digest=wanted_image.digest,
+            hash=image_hash(wanted_image, timeout=timeout),
+        )
     try:
-        new = updated_lock_text(old, resolved)
+        new = updated_lock_text(old, resolved, image)
     except ValueError as exc:
         raise BadInput(f"repro lock {path}: cannot set the pins in place ({exc})", hint="restore the file") from exc
-    return Resolution(lock=str(path), resolved=resolved, diff=lock_diff(path, old, new)), old, new
+    return Resolution(lock=str(path), resolved=resolved, image=image, diff=lock_diff(path, old, new)), old, new
 
 
 def write_resolution(path: Path, old: str, new: str) -> None:
@@ -395,13 +488,18 @@ def write_resolution(path: Path, old: str, new: str) -> None:
 
 __all__ = [
     "HEAD_PINS",
+    "IMAGE_PROBE",
+    "PendingImage",
     "PendingPin",
     "Resolution",
     "ResolvePreview",
+    "ResolvedImage",
     "ResolvedPin",
     "commit_date",
     "describe_fetches",
     "full_commit",
+    "image_hash",
+    "pending_image",
     "pending_pins",
     "plan_resolution",
     "resolve_pins",

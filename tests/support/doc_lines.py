@@ -198,8 +198,14 @@ EXPECTED: dict[str, Expect] = {
     "nix --extra-experimental-features 'nix-command flakes' run .#default -- --model-dir /srv/models/glm53": Expect(
         needs="elsewhere", why="needs the GPU host and the engine pins; tests/test_nix*.py evaluate the app"
     ),
-    "docker run --gpus all --ipc host --ulimit memlock=-1 -p 127.0.0.1:8000:8000 -v /srv/models/glm53:/model:ro "
-    "glm53:0.1.0": Expect(needs="elsewhere", why="needs the GPU host; tests/test_repro_image.py checks the image"),
+    "nix --extra-experimental-features 'nix-command flakes' build .#image && docker load -i result": Expect(
+        needs="elsewhere",
+        why="pulls the vendor image (network, pins); tests/test_nix_flake.py evaluates it and its pull",
+    ),
+    "docker run --device nvidia.com/gpu=all --ipc host --ulimit memlock=-1 -p 127.0.0.1:8000:8000 "
+    "-v /srv/models/glm53:/model:ro glm53:0.1.0": Expect(
+        needs="elsewhere", why="needs the GPU host and the container toolkit; tests/test_nix_flake.py runs the app"
+    ),
     "glm53 systemd-unit --model-dir /srv/models/glm53 --out /etc/systemd/system/glm53.service": Expect(
         needs="elsewhere", why="writes /etc: tests/test_systemd_unit.py writes and checks the same unit elsewhere"
     ),

@@ -227,8 +227,11 @@ def resolve_cmd(
 @repro_app.command("audit-image")
 def audit_image_cmd(
     installable: Annotated[
-        str, typer.Argument(metavar="INSTALLABLE", help="The image output to build and stream twice.")
-    ] = ".#image",
+        str,
+        typer.Argument(
+            metavar="INSTALLABLE", help="The streamed image output to build and stream twice (.#image is a tarball)."
+        ),
+    ] = ".#image-exl3",
     tarball: Annotated[
         list[Path] | None, typer.Option("--tarball", help="Compare these two image tarballs instead (twice).")
     ] = None,

@@ -20,59 +20,19 @@ from typing import Any
 import pytest
 
 from glm53.recipe.pins import load_repro_lock
-from tests.support.nixenv import NIX_ENV
-from tests.support.nixeval import NIXPKGS_LIB, ROOT, SERVER, needs_nixpkgs_lib, prefixes
+from tests.support.nixeval import ROOT, SERVER, needs_nixpkgs_lib, prefixes
+from tests.support.nixflake import SYSTEM, closure, derivations, flake, instantiate, named, run, stand_in_nixpkgs
 from tests.support.systemd_parse import parse_exec
 
-STAND_IN = ROOT / "tests" / "fixtures" / "nix" / "stand-in-nixpkgs.nix"
-SYSTEM = "x86_64-linux"
 LOCK = load_repro_lock(ROOT / "repro.lock.json")
 needs_nix = pytest.mark.skipif(shutil.which("nix") is None, reason="nix is not installed (.ci/run installs nix-bin)")
-
-
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, env=NIX_ENV, capture_output=True, text=True, timeout=300)
+_run = run
 
 
 @pytest.fixture(scope="module")
 def nixpkgs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder a flake can `import` as its nixpkgs input: the stand-in with nixpkgs' lib."""
-    folder = tmp_path_factory.mktemp("nixpkgs")
-    (folder / "default.nix").write_text(f"import {STAND_IN} {{ lib = import {Path(NIXPKGS_LIB).resolve()}/lib; }}\n")
-    return folder
-
-
-def flake(nixpkgs: Path) -> str:
-    """flake.nix's outputs with the stand-in as its nixpkgs input."""
-    return (
-        f"(let flake = import {ROOT}/flake.nix; nixpkgs = {{ lib = import {Path(NIXPKGS_LIB).resolve()}/lib; "
-        f"outPath = {nixpkgs}; }}; self = flake.outputs {{ inherit self nixpkgs; }}; in self)"
-    )
-
-
-def instantiate(expr: str) -> str:
-    done = _run(["nix-instantiate", "--expr", expr])
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
-def closure(drv: str) -> list[str]:
-    """The names (store hash dropped) of everything the derivation is built from, itself included."""
-    done = _run(["nix-store", "--query", "--requisites", drv])
-    assert done.returncode == 0, done.stderr
-    return sorted(path.split("-", 1)[1] for path in done.stdout.split())
-
-
-def derivations(drv: str) -> dict[str, Any]:
-    """`nix show-derivation --recursive`: every derivation of the closure, by store path."""
-    done = _run(["nix", "show-derivation", "--recursive", drv])
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def named(graph: dict[str, Any], name: str) -> Any:
-    (found,) = [entry for path, entry in graph.items() if path.split("-", 1)[1] == f"{name}.drv"]
-    return found
+    return stand_in_nixpkgs(tmp_path_factory.mktemp("nixpkgs"))
 
 
 class TestFlakeOutputs:

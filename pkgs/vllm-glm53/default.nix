@@ -72,9 +72,9 @@ let
 
   cudaPin = pins.cuda.vllm;
   # The lock's capabilities, as CMake's CUDA architectures (8.6 -> 86).
-  cudaArchitectures = lib.concatMapStringsSep ";" (c: lib.replaceStrings [ "." "+PTX" ] [ "" "" ] c) (
-    cudaPin.capabilities
-  );
+  cudaArchitectures = lib.concatMapStringsSep ";" (
+    c: lib.replaceStrings [ "." ] [ "" ] (lib.removeSuffix "+PTX" c)
+  ) cudaPin.capabilities;
   sourceDirs = {
     FLASH_MLA_SRC_DIR = "${withCutlass "flashmla" flashmla flashmla_cutlass}";
     VLLM_FLASH_ATTN_SRC_DIR = "${withCutlass "vllm-flash-attn" vllm_flash_attn cutlass}";

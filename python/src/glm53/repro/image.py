@@ -187,7 +187,10 @@ def compare_image_tarballs(a: Path, b: Path) -> ImageAudit:
     for label, path in (("A", a), ("B", b)):
         problem = missing_file(Path(path))
         if problem is not None:
-            raise BadInput(f"image {label}: {path} {problem}", hint="pass the files `nix build .#image` streams")
+            raise BadInput(
+                f"image {label}: {path} {problem}",
+                hint="pass the tarballs `nix build .#image-exl3` streams (or the vLLM image's)",
+            )
     sha_a, sha_b = file_sha256(a), file_sha256(b)
     if sha_a == sha_b:
         return ImageAudit(

@@ -134,10 +134,7 @@ def audit_build_cmd(
 
 @repro_app.command("audit-host")
 def audit_host_cmd(
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="The profile to be served: its engine is compared (default: the lock's)."),
-    ] = None,
+    profile: OptionalProfileOpt = None,
     lock_path: ReproLockOpt = None,
     json_out: JsonOpt = False,
 ) -> None:

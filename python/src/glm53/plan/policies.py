@@ -1,0 +1,397 @@
+"""Expert-placement policies as the engines run them, replayed step by step over a routing trace.
+
+Every replay returns the selections served from GPU-resident experts, per step and layer (`StepHits`), so the
+same result gives a hit rate over any part of the trace and the per-step work the cost model prices.
+
+    pinned_lru_step_hits   the recipe's engine: per-layer LRU with the hottest experts pinned
+                           (EXL3_LRU_CAPACITY_PLAN / EXL3_PINNED_FRAC / EXL3_VMM_HOT_RANKINGS); a miss is loaded
+                           into the cache after the step's lookups (the step model of `miss_ratio`)
+    exl3_dynamic           ExLlamaV3 1.4.6's dynamic CPU split (exllamav3/modules/block_sparse_mlp_cpu.py at
+                           499890c): a placement that changes only at sweeps, never on a miss
+    exl3_static            the same split with a stats file (EXL3_MOE_CPU_SWAP=0, EXL3_MOE_CPU_SPLIT_STATS)
+    decayed_frequency      proposed, run by neither engine today: after each step a layer keeps the experts of
+                           its last `recent` steps and fills the other slots with the highest decayed counts
+                           (half-life in steps) among what it holds and what it just used
+
+A miss under the recipe's engine is a copy (or a CPU computation) and the expert is then cached; under
+ExLlamaV3's split a CPU-resident expert is computed on the CPU and stays there until a sweep moves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from glm53.plan.miss_ratio import last_use_before_step
+
+# ExLlamaV3's dynamic placement defaults (block_sparse_mlp_cpu.py: EXL3_MOE_CPU_SWAP_INTERVAL, _HYST, _FLOOR, _MAX).
+SWAP_INTERVAL = 128
+SWAP_HYSTERESIS = 2.0
+SWAP_FLOOR = 8.0
+SWAP_MAX = 64
+# _split_swap_tick: a pending sweep runs inline once the tick count reaches this many intervals.
+INLINE_SWEEP_INTERVALS = 4
+
+
+@dataclass(frozen=True)
+class StepHits:
+    """hits[step, layer]: selections served from the GPU; `swaps[i]` swaps made at the sweep after step
+    `sweep_steps[i]` (ExLlamaV3's dynamic placement only)."""
+
+    hits: NDArray[np.int16]
+    sweep_steps: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    swaps: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def total(self, start: int = 0, stop: int | None = None) -> int:
+        return int(self.hits[start:stop].sum(dtype=np.int64))
+
+    def swaps_between(self, start: int, stop: int | None = None) -> int:
+        end = len(self.hits) if stop is None else stop
+        return int(self.swaps[(self.sweep_steps >= start) & (self.sweep_steps < end)].sum())
+
+
+def pinned_lru_masks(
+    routes: NDArray[np.integer], experts: int, ranking: NDArray[np.int64], splits: list[tuple[int, int]]
+) -> list[NDArray[np.bool_]]:
+    """Per (pinned, window) split, which of one layer's (steps, top_k) accesses hit, in one pass.
+
+    An unpinned access hits when fewer than `window` unpinned experts were used since its previous use: the
+    experts used since then, minus those among the pinned ranks.
+    """
+    steps, top_k = routes.shape
+    rank_of = np.empty(experts, dtype=np.int64)
+    rank_of[ranking] = np.arange(experts)
+    ranked = rank_of[routes]
+    before = last_use_before_step(ranked, experts)
+    previous = np.take_along_axis(before, ranked, axis=1)
+    pinned_counts = sorted({pinned for pinned, _ in splits if 0 < pinned < experts})
+    bounds = [0, *pinned_counts, experts]
+    # newer_below[n]: experts among the n hottest used since an access's previous use; n = experts gives all.
+    newer_below = {n: np.zeros((steps, top_k), dtype=np.int32) for n in bounds[1:]}
+    chunk = max(1, (1 << 21) // (top_k * experts))
+    for start in range(0, steps, chunk):
+        rows = before[start : start + chunk]
+        prev = previous[start : start + chunk][:, :, None]
+        running = np.zeros(prev.shape[:2], dtype=np.int32)
+        for low, high in zip(bounds[:-1], bounds[1:], strict=True):  # each column is compared once
+            running += np.count_nonzero(rows[:, None, low:high] > prev, axis=2).astype(np.int32)
+            newer_below[high][start : start + chunk] = running
+    newer_all = newer_below[experts]
+    warm = previous >= 0
+    masks = []
+    for pinned, window in splits:
+        if pinned >= experts:
+            masks.append(np.ones((steps, top_k), dtype=bool))
+            continue
+        distance = newer_all - newer_below[pinned] if pinned > 0 else newer_all
+        masks.append((ranked < pinned) | (warm & (distance < window)))
+    return masks
+
+
+def pinned_lru_step_hits(
+    routes: NDArray[np.integer],
+    experts: int,
+    rankings: NDArray[np.int64],
+    pinned: NDArray[np.integer] | list[int],
+    window: NDArray[np.integer] | list[int],
+) -> StepHits:
+    """The recipe engine's cache over (steps, layers, top_k): per layer `pinned[l]` experts by `rankings[l]`
+    (hottest first) resident for good, the other `window[l]` slots LRU."""
+    steps, layers, _ = routes.shape
+    hits = np.zeros((steps, layers), dtype=np.int16)
+    for index in range(layers):
+        mask = pinned_lru_masks(routes[:, index, :], experts, rankings[index], [(int(pinned[index]), int(window[index]))])
+        hits[:, index] = mask[0].sum(axis=1)
+    return StepHits(hits)
+
+
+def exl3_static(routes: NDArray[np.integer], experts: int, cpu: NDArray[np.bool_]) -> StepHits:
+    """A fixed placement: cpu[layer, expert] True where the expert lives on the CPU worker."""
+    layers = routes.shape[1]
+    on_gpu = ~cpu[np.arange(layers)[None, :, None], routes]
+    return StepHits(on_gpu.sum(axis=2).astype(np.int16))
+
+
+def static_cpu_mask(counts: NDArray[np.integer] | NDArray[np.floating], cpu_experts: NDArray[np.integer]) -> NDArray[np.bool_]:
+    """ExLlamaV3's static split (`load_cpu_split`): each layer's experts ordered by count, hottest first, by a
+    stable sort on -count (among equal counts the lower id stays on the GPU), and the last k on the CPU."""
+    layers, experts = counts.shape
+    cpu = np.zeros((layers, experts), dtype=bool)
+    for index in range(layers):
+        order = np.lexsort((np.arange(experts), -np.asarray(counts[index], dtype=np.float64)))
+        k = int(cpu_experts[index])
+        if k:
+            cpu[index, order[experts - k :]] = True
+    return cpu
+
+
+def _sweep_points(steps: int, interval: int, generation: int | None) -> list[tuple[int, bool]]:
+    """(step, inline) for each sweep of `_split_swap_tick` / `run_pending_swap_sweeps`.
+
+    The first split layer counts a tick per forward pass; at `interval` ticks a sweep is pending and runs
+    when the generator's queue drains (after the last step of a generation), or inline, before the step's
+    routing, once the ticks reach 4 x interval; either resets the count (an inline sweep's own step is then
+    not counted). generation=None: the queue drains after every step (the most dynamic placement can be).
+    An inline sweep is returned as the step it precedes; a drained one as the step after which it runs + 1.
+    """
+    points: list[tuple[int, bool]] = []
+    tick = 0
+    for step in range(steps):
+        tick += 1
+        if tick >= INLINE_SWEEP_INTERVALS * interval:
+            points.append((step, True))
+            tick = 0
+            continue
+        boundary = generation is None or (step + 1) % generation == 0
+        if tick >= interval and boundary:
+            points.append((step + 1, False))
+            tick = 0
+    return points
+
+
+def exl3_dynamic(
+    routes: NDArray[np.integer],
+    experts: int,
+    cpu_experts: NDArray[np.integer] | list[int],
+    *,
+    interval: int = SWAP_INTERVAL,
+    hysteresis: float = SWAP_HYSTERESIS,
+    floor: float = SWAP_FLOOR,
+    max_swaps: int = SWAP_MAX,
+    generation: int | None = None,
+    start_cpu: NDArray[np.bool_] | None = None,
+) -> StepHits:
+    """ExLlamaV3 1.4.6's dynamic CPU split, replayed over (steps, layers, top_k).
+
+    As `block_sparse_mlp_cpu.py` at 499890c does it: the tail k router ids of each split layer start on the
+    CPU (`start_cpu` overrides); every selection adds 1 to its router id's count (`moe_split_map` /
+    `moe_split_issue_kernel`, in routing.cu); at each sweep (`_sweep_points`) the layers take turns in load
+    order (`run_pending_swap_sweeps`): GPU-resident ids sorted by ascending (count, id), CPU-resident ones by
+    descending (count, id), paired in that order, and each pair swaps while
+        hot >= max(hysteresis x max(cold, 1), floor x sum of the layer's counts / experts)
+    and the sweep's swaps stay under `max_swaps`; a layer's counts halve after its turn, and once the budget is
+    spent the later layers get no turn (and keep their counts undecayed). A placement change therefore never
+    follows a single miss; a CPU-resident expert is computed on the CPU until a sweep promotes it.
+    """
+    steps, layers, _ = routes.shape
+    split = np.asarray(cpu_experts, dtype=np.int64)
+    if start_cpu is None:
+        cpu = np.arange(experts)[None, :] >= (experts - split)[:, None]
+    else:
+        cpu = start_cpu.copy()
+    hist = np.zeros((layers, experts), dtype=np.float64)
+    offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
+    ids = np.arange(experts)
+    hits = np.zeros((steps, layers), dtype=np.int16)
+    sweep_steps: list[int] = []
+    swap_counts: list[int] = []
+    split_layers = [index for index in range(layers) if 0 < split[index] < experts]
+    position = 0
+    for point, _inline in [*_sweep_points(steps, interval, generation), (steps, False)]:
+        block = routes[position:point]
+        if len(block):
+            hits[position:point] = (~cpu[np.arange(layers)[None, :, None], block]).sum(axis=2)
+            hist += np.bincount((block + offsets).ravel(), minlength=layers * experts).reshape(layers, experts)
+        position = point
+        if point >= steps:
+            break
+        budget = max_swaps
+        made = 0
+        for index in split_layers:
+            if budget <= 0:
+                break  # this layer and the rest keep their counts (no turn, no decay)
+            counts = hist[index]
+            threshold_floor = floor * float(counts.sum()) / experts
+            head = np.flatnonzero(~cpu[index])
+            tail = np.flatnonzero(cpu[index])
+            head = head[np.lexsort((ids[head], counts[head]))]  # coldest GPU first, ties by lower id
+            tail = tail[np.lexsort((-ids[tail], -counts[tail]))]  # hottest CPU first, ties by higher id
+            pairs = min(len(head), len(tail))
+            cold, hot = counts[head[:pairs]], counts[tail[:pairs]]
+            passing = hot >= np.maximum(hysteresis * np.maximum(cold, 1.0), threshold_floor)
+            # The sweep stops at the first pair that fails: swaps are the leading run of passing pairs.
+            run = int(np.argmin(passing)) if not passing.all() else pairs
+            swapped = min(run, budget)
+            if swapped:
+                cpu[index, head[:swapped]] = True
+                cpu[index, tail[:swapped]] = False
+            budget -= swapped
+            made += swapped
+            hist[index] *= 0.5
+        sweep_steps.append(point)
+        swap_counts.append(made)
+    return StepHits(hits, np.array(sweep_steps, dtype=np.int64), np.array(swap_counts, dtype=np.int64))
+
+
+def decayed_frequency(
+    routes: NDArray[np.integer],
+    experts: int,
+    slots: NDArray[np.integer] | list[int],
+    *,
+    recent: int | NDArray[np.integer] = 1,
+    half_life: float | NDArray[np.floating] = 256.0,
+    compiled: bool = True,
+) -> StepHits:
+    """A decayed-frequency cache over (steps, layers, top_k), the same step model as LRU's.
+
+    Each step looks its experts up, then every used expert is a candidate beside the resident ones; the layer
+    keeps the experts used in its last `recent` steps and fills its other slots with the highest counts
+    decayed by half every `half_life` steps (ties: the less recently used goes, then the lower id). A
+    just-used expert whose count loses to every resident one is computed and not kept, so one stray selection
+    cannot evict a hot expert. `slots`, `recent` and `half_life` are per layer or one value for all.
+
+    With numba importable the loop is compiled (about 100x faster); otherwise, or with compiled=False, the
+    same rule runs vectorised over layers in numpy. Both give the same hits.
+    """
+    steps, layers, top_k = routes.shape
+    capacity = np.broadcast_to(np.asarray(slots, dtype=np.int64), (layers,)).copy()
+    window = np.broadcast_to(np.asarray(recent, dtype=np.int64), (layers,)).copy()
+    rate = np.broadcast_to(2.0 ** (1.0 / np.asarray(half_life, dtype=np.float64)), (layers,)).copy()
+    hits = np.zeros((steps, layers), dtype=np.int16)
+    kernel = _compiled_kernel() if compiled else None
+    if kernel is not None:
+        kernel(np.ascontiguousarray(routes, dtype=np.int64), experts, capacity, window, rate, hits)
+    else:
+        _decayed_frequency_numpy(routes, experts, capacity, window, rate, hits)
+    return StepHits(hits)
+
+
+# Experts of the last `recent` steps outrank every count: their priority is lifted by this (counts are
+# renormalised below 1e150).
+_LIFT = 1e200
+_RENORMALISE = 1e150
+
+
+def _decayed_frequency_loop(
+    routes: NDArray[np.int64],
+    experts: int,
+    capacity: NDArray[np.int64],
+    window: NDArray[np.int64],
+    rate: NDArray[np.float64],
+    hits: NDArray[np.int16],
+) -> None:
+    """The rule of `decayed_frequency`, one layer at a time, in loops numba compiles."""
+    steps, layers, top_k = routes.shape
+    for layer in range(layers):
+        resident = np.zeros(experts, dtype=np.bool_)
+        score = np.zeros(experts, dtype=np.float64)
+        last = np.full(experts, -(1 << 40), dtype=np.int64)
+        table = np.zeros(capacity[layer] + top_k, dtype=np.int64)
+        held = 0
+        growth = 1.0
+        for step in range(steps):
+            found = 0
+            for j in range(top_k):
+                if resident[routes[step, layer, j]]:
+                    found += 1
+            hits[step, layer] = found
+            for j in range(top_k):
+                expert = routes[step, layer, j]
+                score[expert] += growth
+                last[expert] = step
+                if not resident[expert]:
+                    resident[expert] = True
+                    table[held] = expert
+                    held += 1
+            growth *= rate[layer]
+            if growth > _RENORMALISE:
+                for expert in range(experts):
+                    score[expert] /= growth
+                growth = 1.0
+            while held > capacity[layer]:
+                worst = 0
+                worst_expert = table[0]
+                worst_priority = score[worst_expert] + (_LIFT if last[worst_expert] > step - window[layer] else 0.0)
+                for i in range(1, held):
+                    expert = table[i]
+                    priority = score[expert] + (_LIFT if last[expert] > step - window[layer] else 0.0)
+                    if priority < worst_priority or (
+                        priority == worst_priority
+                        and (
+                            last[expert] < last[worst_expert]
+                            or (last[expert] == last[worst_expert] and expert < worst_expert)
+                        )
+                    ):
+                        worst, worst_expert, worst_priority = i, expert, priority
+                resident[worst_expert] = False
+                held -= 1
+                table[worst] = table[held]
+
+
+def _decayed_frequency_numpy(
+    routes: NDArray[np.integer],
+    experts: int,
+    capacity: NDArray[np.int64],
+    window: NDArray[np.int64],
+    rate: NDArray[np.float64],
+    hits: NDArray[np.int16],
+) -> None:
+    """The same rule vectorised over layers: each layer's slots are a row of expert ids (`experts` marks an
+    empty slot, priority -inf), and a step ranks only that row and the step's own new experts."""
+    steps, layers, top_k = routes.shape
+    width = int(capacity.max())
+    empty = experts
+    table = np.full((layers, width), empty, dtype=np.int64)
+    resident = np.zeros((layers, experts + 1), dtype=bool)
+    score = np.zeros((layers, experts + 1), dtype=np.float64)
+    score[:, empty] = -np.inf
+    last = np.full((layers, experts + 1), -(1 << 40), dtype=np.int64)
+    rows = np.arange(layers)[:, None]
+    # A layer with fewer slots than the widest keeps its surplus in its first columns, always empty: the rows
+    # are sorted ascending by priority, so the lowest entries land there.
+    short = np.arange(width)[None, :] < (width - capacity)[:, None]
+    growth = np.ones(layers)
+    for step in range(steps):
+        ids = routes[step].astype(np.int64)
+        was = resident[rows, ids]
+        hits[step] = was.sum(axis=1)
+        score[rows, ids] += growth[:, None]
+        last[rows, ids] = step
+        growth *= rate
+        if growth.max() > _RENORMALISE:
+            big = growth > _RENORMALISE
+            score[big, :empty] /= growth[big, None]
+            growth[big] = 1.0
+        candidates = np.concatenate([table, np.where(was, empty, ids)], axis=1)
+        used = last[rows, candidates]
+        priority = score[rows, candidates] + np.where(used > step - window[:, None], _LIFT, 0.0)
+        priority[:, :width][short] = -np.inf
+        order = np.lexsort((candidates, used, priority), axis=-1)
+        table = candidates[rows, order[:, top_k:]]
+        table[short] = empty
+        resident.fill(False)
+        resident[rows, table] = True
+    resident[:, empty] = False
+
+
+_KERNEL: list[object] = []
+
+
+def _compiled_kernel() -> object | None:
+    """The compiled loop, or None without numba (compiled once per process, not cached on disk: the
+    package may sit on a read-only file system)."""
+    if not _KERNEL:
+        try:
+            import numba
+        except ImportError:
+            _KERNEL.append(None)
+        else:
+            _KERNEL.append(numba.njit(nogil=True)(_decayed_frequency_loop))
+    return _KERNEL[0]
+
+
+__all__ = [
+    "SWAP_FLOOR",
+    "SWAP_HYSTERESIS",
+    "SWAP_INTERVAL",
+    "SWAP_MAX",
+    "StepHits",
+    "decayed_frequency",
+    "exl3_dynamic",
+    "exl3_static",
+    "pinned_lru_masks",
+    "pinned_lru_step_hits",
+    "static_cpu_mask",
+]

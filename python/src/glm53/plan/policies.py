@@ -19,6 +19,7 @@ ExLlamaV3's split a CPU-resident expert is computed on the CPU and stays there u
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -231,8 +232,8 @@ def decayed_frequency(
     slots: NDArray[np.integer] | list[int],
     *,
     recent: int | NDArray[np.integer] = 1,
-    half_life: float | NDArray[np.floating] = 256.0,
-    compiled: bool = True,
+    half_life: float = 256.0,
+    loop: bool | None = None,
 ) -> StepHits:
     """A decayed-frequency cache over (steps, layers, top_k), the same step model as LRU's.
 
@@ -240,19 +241,19 @@ def decayed_frequency(
     keeps the experts used in its last `recent` steps and fills its other slots with the highest counts
     decayed by half every `half_life` steps (ties: the less recently used goes, then the lower id). A
     just-used expert whose count loses to every resident one is computed and not kept, so one stray selection
-    cannot evict a hot expert. `slots`, `recent` and `half_life` are per layer or one value for all.
+    cannot evict a hot expert. `slots` and `recent` are per layer or one value for all.
 
-    With numba importable the loop is compiled (about 100x faster); otherwise, or with compiled=False, the
-    same rule runs vectorised over layers in numpy. Both give the same hits.
+    loop=True runs the loop numba compiles (`_kernel`), loop=False the same rule vectorised over layers in
+    numpy; None picks the loop when numba is there, else numpy (faster than uncompiled loops). Both give the
+    same hits.
     """
     steps, layers, top_k = routes.shape
     capacity = np.broadcast_to(np.asarray(slots, dtype=np.int64), (layers,)).copy()
     window = np.broadcast_to(np.asarray(recent, dtype=np.int64), (layers,)).copy()
-    rate = np.broadcast_to(2.0 ** (1.0 / np.asarray(half_life, dtype=np.float64)), (layers,)).copy()
+    rate = np.full(layers, 2.0 ** (1.0 / half_life))
     hits = np.zeros((steps, layers), dtype=np.int16)
-    kernel = _compiled_kernel() if compiled else None
-    if kernel is not None:
-        kernel(np.ascontiguousarray(routes, dtype=np.int64), experts, capacity, window, rate, hits)
+    if compiled() if loop is None else loop:
+        _kernel()(np.ascontiguousarray(routes, dtype=np.int64), experts, capacity, window, rate[:1], 1.0, hits)
     else:
         _decayed_frequency_numpy(routes, experts, capacity, window, rate, hits)
     return StepHits(hits)
@@ -264,60 +265,84 @@ _LIFT = 1e200
 _RENORMALISE = 1e150
 
 
-def _decayed_frequency_loop(
+def _frequency_loop(
     routes: NDArray[np.int64],
     experts: int,
     capacity: NDArray[np.int64],
     window: NDArray[np.int64],
-    rate: NDArray[np.float64],
+    rates: NDArray[np.float64],
+    horizon: float,
     hits: NDArray[np.int16],
 ) -> None:
-    """The rule of `decayed_frequency`, one layer at a time, in loops numba compiles."""
+    """The rule of `decayed_frequency`, one layer at a time, in loops numba compiles.
+
+    With one rate it is that cache. With several, each rate runs a shadow cache of its own and the served
+    cache evicts by the counts of whichever shadow hit most lately (hits decayed by half every `horizon`
+    steps): the half-life tunes itself to the traffic."""
     steps, layers, top_k = routes.shape
+    shadows = rates.shape[0]
+    caches = shadows + 1 if shadows > 1 else 1
+    served = caches - 1
+    keep = 2.0 ** (-1.0 / horizon)
     for layer in range(layers):
-        resident = np.zeros(experts, dtype=np.bool_)
-        score = np.zeros(experts, dtype=np.float64)
+        score = np.zeros((shadows, experts), dtype=np.float64)
+        growth = np.ones(shadows, dtype=np.float64)
         last = np.full(experts, -(1 << 40), dtype=np.int64)
-        table = np.zeros(capacity[layer] + top_k, dtype=np.int64)
-        held = 0
-        growth = 1.0
+        resident = np.zeros((caches, experts), dtype=np.bool_)
+        table = np.zeros((caches, capacity[layer] + top_k), dtype=np.int64)
+        held = np.zeros(caches, dtype=np.int64)
+        merit = np.zeros(shadows, dtype=np.float64)
+        found = np.zeros(caches, dtype=np.int64)
+        leader = 0
         for step in range(steps):
-            found = 0
-            for j in range(top_k):
-                if resident[routes[step, layer, j]]:
-                    found += 1
-            hits[step, layer] = found
+            for cache in range(caches):
+                found[cache] = 0
+                for j in range(top_k):
+                    if resident[cache, routes[step, layer, j]]:
+                        found[cache] += 1
+            hits[step, layer] = found[served]
+            if shadows > 1:
+                for g in range(shadows):
+                    merit[g] = merit[g] * keep + found[g]
+                    if merit[g] > merit[leader]:
+                        leader = g
             for j in range(top_k):
                 expert = routes[step, layer, j]
-                score[expert] += growth
                 last[expert] = step
-                if not resident[expert]:
-                    resident[expert] = True
-                    table[held] = expert
-                    held += 1
-            growth *= rate[layer]
-            if growth > _RENORMALISE:
-                for expert in range(experts):
-                    score[expert] /= growth
-                growth = 1.0
-            while held > capacity[layer]:
-                worst = 0
-                worst_expert = table[0]
-                worst_priority = score[worst_expert] + (_LIFT if last[worst_expert] > step - window[layer] else 0.0)
-                for i in range(1, held):
-                    expert = table[i]
-                    priority = score[expert] + (_LIFT if last[expert] > step - window[layer] else 0.0)
-                    if priority < worst_priority or (
-                        priority == worst_priority
-                        and (
-                            last[expert] < last[worst_expert]
-                            or (last[expert] == last[worst_expert] and expert < worst_expert)
-                        )
-                    ):
-                        worst, worst_expert, worst_priority = i, expert, priority
-                resident[worst_expert] = False
-                held -= 1
-                table[worst] = table[held]
+                for g in range(shadows):
+                    score[g, expert] += growth[g]
+                for cache in range(caches):
+                    if not resident[cache, expert]:
+                        resident[cache, expert] = True
+                        table[cache, held[cache]] = expert
+                        held[cache] += 1
+            for g in range(shadows):
+                growth[g] *= rates[g]
+                if growth[g] > _RENORMALISE:
+                    for expert in range(experts):
+                        score[g, expert] /= growth[g]
+                    growth[g] = 1.0
+            for cache in range(caches):
+                row = cache if cache < shadows else leader
+                while held[cache] > capacity[layer]:
+                    worst = 0
+                    worst_expert = table[cache, 0]
+                    lifted = last[worst_expert] > step - window[layer]
+                    worst_priority = score[row, worst_expert] + (_LIFT if lifted else 0.0)
+                    for i in range(1, held[cache]):
+                        expert = table[cache, i]
+                        priority = score[row, expert] + (_LIFT if last[expert] > step - window[layer] else 0.0)
+                        if priority < worst_priority or (
+                            priority == worst_priority
+                            and (
+                                last[expert] < last[worst_expert]
+                                or (last[expert] == last[worst_expert] and expert < worst_expert)
+                            )
+                        ):
+                            worst, worst_expert, worst_priority = i, expert, priority
+                    resident[cache, worst_expert] = False
+                    held[cache] -= 1
+                    table[cache, worst] = table[cache, held[cache]]
 
 
 def _decayed_frequency_numpy(
@@ -366,20 +391,49 @@ def _decayed_frequency_numpy(
     resident[:, empty] = False
 
 
-_KERNEL: list[object] = []
+_KERNEL: list[Callable[..., None]] = []
 
 
-def _compiled_kernel() -> object | None:
-    """The compiled loop, or None without numba (compiled once per process, not cached on disk: the
-    package may sit on a read-only file system)."""
+def _kernel() -> Callable[..., None]:
+    """`_frequency_loop` compiled by numba (cached on disk where the package's directory is writable), or the
+    plain Python loop without numba: the same hits, about 100x slower."""
     if not _KERNEL:
         try:
             import numba
         except ImportError:
-            _KERNEL.append(None)
+            _KERNEL.append(_frequency_loop)
         else:
-            _KERNEL.append(numba.njit(nogil=True)(_decayed_frequency_loop))
+            try:
+                _KERNEL.append(numba.njit(nogil=True, cache=True)(_frequency_loop))
+            except RuntimeError:  # no writable cache directory: compile in memory, once per process
+                _KERNEL.append(numba.njit(nogil=True)(_frequency_loop))
     return _KERNEL[0]
+
+
+def compiled() -> bool:
+    """Whether the frequency caches run compiled (numba importable)."""
+    return _kernel() is not _frequency_loop
+
+
+def adaptive_frequency(
+    routes: NDArray[np.integer],
+    experts: int,
+    slots: NDArray[np.integer] | list[int],
+    *,
+    recent: int | NDArray[np.integer] = 1,
+    half_lives: Sequence[float] = (32.0, 128.0, 512.0, 2048.0),
+    horizon: float = 512.0,
+) -> StepHits:
+    """Decayed frequency with a self-tuned half-life: one shadow cache per half-life, and the served cache
+    evicts by the counts of the shadow that hit most over the last `horizon` steps or so (hits decayed by half
+    every `horizon` steps). Stationary traffic drifts it to long half-lives; shifting traffic to short ones."""
+    steps, layers, _ = routes.shape
+    capacity = np.broadcast_to(np.asarray(slots, dtype=np.int64), (layers,)).copy()
+    window = np.broadcast_to(np.asarray(recent, dtype=np.int64), (layers,)).copy()
+    rates = 2.0 ** (1.0 / np.asarray(half_lives, dtype=np.float64))
+    hits = np.zeros((steps, layers), dtype=np.int16)
+    _kernel()(np.ascontiguousarray(routes, dtype=np.int64), experts, capacity, window, rates, float(horizon), hits)
+    return StepHits(hits)
 
 
 __all__ = [
@@ -388,6 +442,8 @@ __all__ = [
     "SWAP_INTERVAL",
     "SWAP_MAX",
     "StepHits",
+    "adaptive_frequency",
+    "compiled",
     "decayed_frequency",
     "exl3_dynamic",
     "exl3_static",

@@ -1,0 +1,346 @@
+"""A recommendation, not just a plan: per engine, the expert-placement settings that hold up on the user's
+trace and on stress scenarios derived from it (`trace_shapes.stress_scenarios`).
+
+    recommend(trace, fraction) -> Recommendation
+
+Candidates, each replayed by `policies` at the same GPU budget (a share of every layer's experts):
+
+    engine      family              settings                                     runs today
+    vllm        pinned LRU          the hottest p of each layer's slots pinned   yes: EXL3_PINNED_FRAC, the
+                                    (p = 0 is plain LRU), rankings learned         rankings file
+    exllamav3   static split        the coldest experts on the CPU, for good     yes: EXL3_MOE_CPU_SWAP=0 and
+                                                                                   EXL3_MOE_CPU_SPLIT_STATS
+    exllamav3   dynamic split       sweep interval, hysteresis, floor            yes: EXL3_MOE_CPU_SWAP_*
+    proposed    decayed frequency   recent steps kept, count half-life           no (see NEEDS)
+
+Each candidate is scored on every scenario by its hit rate minus plain LRU's there (the baseline that cannot
+be misled by a ranking). The choice is robust first: among the candidates whose worst scenario is within
+`TOLERANCE` of the best worst case, the one with the best mean. Plain LRU is a vllm candidate, so the
+recipe's engine is never recommended anything that loses to LRU on these scenarios by more than that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict
+
+from glm53.plan.miss_ratio import rank_experts
+from glm53.plan.policies import (
+    SWAP_FLOOR,
+    SWAP_HYSTERESIS,
+    SWAP_INTERVAL,
+    SWAP_MAX,
+    StepHits,
+    adaptive_frequency,
+    compiled,
+    decayed_frequency,
+    exl3_dynamic,
+    exl3_static,
+    pinned_lru_masks,
+    static_cpu_mask,
+)
+from glm53.plan.traces import RoutingTrace
+
+Engine = Literal["vllm", "exllamav3", "proposed"]
+Family = Literal["pinned-lru", "exl3-static", "exl3-dynamic", "decayed-frequency", "adaptive-frequency"]
+
+# Among candidates whose worst scenario is within this share of the accesses of the best worst case, the best
+# mean wins: robustness first, then the average.
+TOLERANCE = 0.001
+# Layers replayed when choosing (spread evenly over the trace's): the choice is one setting for all layers,
+# and a dozen layers estimate it as well as all of them at a fraction of the time.
+CHOICE_LAYERS = 12
+
+NEEDS = {
+    "vllm": "the recipe's engine keeps an LRU order per layer; it would need a decayed count per expert (one "
+    "multiply-add per selection) and to evict the lowest count outside the last step's experts instead of the "
+    "least recent, admitting a miss only when its count beats that victim's",
+    "exllamav3": "ExLlamaV3 1.4.6 moves experts only at sweeps between generations (a placement change "
+    "mid-generation derails it: the CPU and GPU kernels round differently); a per-step cache would need "
+    "numerically matching kernels and promotion on a miss",
+}
+
+
+class Candidate(BaseModel):
+    """One engine setting; the fields that do not apply to its family stay None."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: Engine
+    family: Family
+    pinned_fraction: float | None = None
+    interval: int | None = None
+    hysteresis: float | None = None
+    floor: float | None = None
+    max_swaps: int | None = None
+    recent: int | None = None
+    half_life: float | None = None
+
+    @property
+    def runs_today(self) -> bool:
+        return self.engine != "proposed"
+
+    @property
+    def label(self) -> str:
+        if self.family == "pinned-lru":
+            return "LRU" if not self.pinned_fraction else f"LRU, {self.pinned_fraction:.0%} pinned"
+        if self.family == "exl3-static":
+            return "static split"
+        if self.family == "exl3-dynamic":
+            return f"dynamic split /{self.interval} x{self.hysteresis:g} floor {self.floor:g}"
+        if self.family == "adaptive-frequency":
+            return f"decayed frequency, self-tuned half-life, recent {self.recent}"
+        return f"decayed frequency, half-life {self.half_life:g}, recent {self.recent}"
+
+    def env(self, stats_file: str | None = None) -> dict[str, str]:
+        """What the engine is given to run this setting (empty for a proposal no engine reads)."""
+        if self.family == "pinned-lru":
+            return {"EXL3_PINNED_FRAC": f"{self.pinned_fraction or 0.0:.4f}"}
+        if self.family == "exl3-static":
+            env = {"EXL3_MOE_CPU_SWAP": "0"}
+            if stats_file is not None:
+                env["EXL3_MOE_CPU_SPLIT_STATS"] = stats_file
+            return env
+        if self.family == "exl3-dynamic":
+            return {
+                "EXL3_MOE_CPU_SWAP": "1",
+                "EXL3_MOE_CPU_SWAP_INTERVAL": str(self.interval),
+                "EXL3_MOE_CPU_SWAP_HYST": f"{self.hysteresis:g}",
+                "EXL3_MOE_CPU_SWAP_FLOOR": f"{self.floor:g}",
+                "EXL3_MOE_CPU_SWAP_MAX": str(self.max_swaps),
+            }
+        return {}
+
+
+LRU = Candidate(engine="vllm", family="pinned-lru", pinned_fraction=0.0)
+RECIPE = Candidate(engine="vllm", family="pinned-lru", pinned_fraction=0.2)
+EXL3_DEFAULT = Candidate(
+    engine="exllamav3",
+    family="exl3-dynamic",
+    interval=SWAP_INTERVAL,
+    hysteresis=SWAP_HYSTERESIS,
+    floor=SWAP_FLOOR,
+    max_swaps=SWAP_MAX,
+)
+
+
+def candidates(engine: Engine) -> list[Candidate]:
+    if engine == "vllm":
+        return [Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p) for p in (0.0, 0.1, 0.2, 0.4, 0.6)]
+    if engine == "exllamav3":
+        dynamic = [
+            Candidate(
+                engine="exllamav3",
+                family="exl3-dynamic",
+                interval=interval,
+                hysteresis=hysteresis,
+                floor=floor,
+                max_swaps=SWAP_MAX,
+            )
+            for interval in (32, 128, 512)
+            for hysteresis in (2.0, 4.0)
+            for floor in (0.0, SWAP_FLOOR)
+        ]
+        return [Candidate(engine="exllamav3", family="exl3-static"), *dynamic]
+    fixed = [
+        Candidate(engine="proposed", family="decayed-frequency", recent=1, half_life=half_life)
+        for half_life in (64.0, 256.0, 1024.0)
+    ]
+    return [Candidate(engine="proposed", family="adaptive-frequency", recent=recent) for recent in (1, 2)] + fixed
+
+
+def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: int) -> StepHits:
+    """`candidate` over the whole trace with `slots` GPU experts per layer; what needs statistics (rankings,
+    a stats file) learns them on the first `learn_steps` steps only."""
+    experts, layers = trace.experts, len(trace.layers)
+    if candidate.family == "adaptive-frequency":
+        return adaptive_frequency(trace.routes, experts, [slots] * layers, recent=candidate.recent or 1)
+    if candidate.family == "decayed-frequency":
+        return decayed_frequency(
+            trace.routes, experts, [slots] * layers, recent=candidate.recent or 1, half_life=candidate.half_life or 256.0
+        )
+    if candidate.family == "exl3-dynamic":
+        return exl3_dynamic(
+            trace.routes,
+            experts,
+            [experts - slots] * layers,
+            interval=candidate.interval or SWAP_INTERVAL,
+            hysteresis=candidate.hysteresis if candidate.hysteresis is not None else SWAP_HYSTERESIS,
+            floor=candidate.floor if candidate.floor is not None else SWAP_FLOOR,
+            max_swaps=candidate.max_swaps or SWAP_MAX,
+        )
+    counts = learned_counts(trace, learn_steps)
+    if candidate.family == "exl3-static":
+        return exl3_static(trace.routes, experts, static_cpu_mask(counts, np.full(layers, experts - slots)))
+    return pinned_family(trace, slots, learn_steps, [candidate.pinned_fraction or 0.0])[0]
+
+
+def pinned_family(
+    trace: RoutingTrace, slots: int, learn_steps: int, fractions: Sequence[float]
+) -> list[StepHits]:
+    """Pinned LRU at several pinned shares in one pass per layer (the stack distances are shared)."""
+    experts, layers = trace.experts, len(trace.layers)
+    counts = learned_counts(trace, learn_steps)
+    splits = [(round(p * slots), slots - round(p * slots)) for p in fractions]
+    hits = [np.zeros((trace.steps, layers), dtype=np.int16) for _ in fractions]
+    for index in range(layers):
+        masks = pinned_lru_masks(trace.routes[:, index, :], experts, rank_experts(counts[index]), splits)
+        for out, mask in zip(hits, masks, strict=True):
+            out[:, index] = mask.sum(axis=1)
+    return [StepHits(h) for h in hits]
+
+
+def learned_counts(trace: RoutingTrace, learn_steps: int) -> NDArray[np.int64]:
+    return trace.slice(0, max(1, learn_steps)).counts()
+
+
+class ScenarioScore(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    scenario: str
+    hit_rate: float
+    lru_hit_rate: float
+
+    @property
+    def gain(self) -> float:
+        return self.hit_rate - self.lru_hit_rate
+
+
+class EngineChoice(BaseModel):
+    """The chosen setting of one engine (or of the proposal), with its score on every scenario."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: Engine
+    choice: Candidate
+    label: str
+    scores: list[ScenarioScore]
+    worst_gain: float
+    mean_gain: float
+    considered: int
+    needs: str | None = None
+
+
+class Recommendation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    fraction: float
+    slots: int
+    steps: int
+    layers_replayed: list[int]
+    scenarios: list[str]
+    engines: list[EngineChoice]
+
+    def engine(self, name: Engine) -> EngineChoice:
+        return next(choice for choice in self.engines if choice.engine == name)
+
+
+def layer_sample(layers: int, limit: int = CHOICE_LAYERS) -> list[int]:
+    """Up to `limit` layer indices spread evenly over `layers`."""
+    if layers <= limit:
+        return list(range(layers))
+    return sorted({round(i * (layers - 1) / (limit - 1)) for i in range(limit)})
+
+
+def subset(trace: RoutingTrace, indices: Sequence[int]) -> RoutingTrace:
+    picked = list(indices)
+    return RoutingTrace(tuple(trace.layers[i] for i in picked), trace.experts, trace.top_k, trace.routes[:, picked, :])
+
+
+def recommend(
+    trace: RoutingTrace,
+    fraction: float,
+    *,
+    engines: Sequence[Engine] = ("vllm", "exllamav3", "proposed"),
+    seed: int = 0,
+    layer_limit: int = CHOICE_LAYERS,
+) -> Recommendation:
+    """Choose each engine's setting at a GPU budget of `fraction` of every layer's experts (see the module's
+    docstring). The scenarios split at their midpoint: the first half learns, the second is scored. The
+    proposal is left out where numba is missing (its uncompiled loops would take minutes)."""
+    from glm53.plan.trace_shapes import stress_scenarios
+
+    picked = layer_sample(len(trace.layers), layer_limit)
+    sample = subset(trace, picked)
+    slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
+    scenarios = stress_scenarios(sample, seed)
+    cut = sample.steps // 2
+    accesses = (sample.steps - cut) * len(picked) * sample.top_k
+    pools = {engine: candidates(engine) for engine in engines if engine != "proposed" or compiled()}
+    pinned = sorted({c.pinned_fraction or 0.0 for pool in pools.values() for c in pool if c.family == "pinned-lru"})
+    rates: dict[tuple[Candidate, str], float] = {}
+    lru: dict[str, float] = {}
+    for name, scenario in scenarios.items():
+        fractions = sorted({0.0, *pinned})
+        for p, hits in zip(fractions, pinned_family(scenario, slots, cut, fractions), strict=True):
+            rate = hits.total(cut) / accesses
+            if p == 0.0:
+                lru[name] = rate
+            rates[(Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p), name)] = rate
+        for pool in pools.values():
+            for candidate in pool:
+                if candidate.family != "pinned-lru":
+                    rates[(candidate, name)] = replay(candidate, scenario, slots, cut).total(cut) / accesses
+    choices = []
+    for engine, pool in pools.items():
+        scored = [
+            (
+                candidate,
+                [
+                    ScenarioScore(scenario=name, hit_rate=rates[(candidate, name)], lru_hit_rate=lru[name])
+                    for name in scenarios
+                ],
+            )
+            for candidate in pool
+        ]
+        worst = [min(row.gain for row in rows) for _, rows in scored]
+        best_worst = max(worst)
+        eligible = [i for i, value in enumerate(worst) if value >= best_worst - TOLERANCE]
+        means = [float(np.mean([row.gain for row in scored[i][1]])) for i in range(len(scored))]
+        chosen = max(eligible, key=lambda i: means[i])
+        candidate, rows = scored[chosen]
+        choices.append(
+            EngineChoice(
+                engine=engine,
+                choice=candidate,
+                label=candidate.label,
+                scores=rows,
+                worst_gain=worst[chosen],
+                mean_gain=means[chosen],
+                considered=len(pool),
+                needs=NEEDS.get("vllm") if engine == "proposed" else None,
+            )
+        )
+    return Recommendation(
+        fraction=fraction,
+        slots=slots,
+        steps=trace.steps,
+        layers_replayed=[trace.layers[i] for i in picked],
+        scenarios=list(scenarios),
+        engines=choices,
+    )
+
+
+__all__ = [
+    "CHOICE_LAYERS",
+    "EXL3_DEFAULT",
+    "LRU",
+    "NEEDS",
+    "RECIPE",
+    "TOLERANCE",
+    "Candidate",
+    "EngineChoice",
+    "Recommendation",
+    "ScenarioScore",
+    "candidates",
+    "layer_sample",
+    "learned_counts",
+    "pinned_family",
+    "recommend",
+    "replay",
+    "subset",
+]

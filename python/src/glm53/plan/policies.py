@@ -421,8 +421,8 @@ def adaptive_frequency(
     slots: NDArray[np.integer] | list[int],
     *,
     recent: int | NDArray[np.integer] = 1,
-    half_lives: Sequence[float] = (32.0, 128.0, 512.0, 2048.0),
-    horizon: float = 512.0,
+    half_lives: Sequence[float] = (16.0, 64.0, 256.0, 1024.0, 4096.0),
+    horizon: float = 1024.0,
 ) -> StepHits:
     """Decayed frequency with a self-tuned half-life: one shadow cache per half-life, and the served cache
     evicts by the counts of the shadow that hit most over the last `horizon` steps or so (hits decayed by half

@@ -150,7 +150,7 @@ def candidates(engine: Engine) -> list[Candidate]:
         Candidate(engine="proposed", family="decayed-frequency", recent=1, half_life=half_life)
         for half_life in (64.0, 256.0, 1024.0)
     ]
-    return [Candidate(engine="proposed", family="adaptive-frequency", recent=recent) for recent in (1, 2)] + fixed
+    return [Candidate(engine="proposed", family="adaptive-frequency", recent=1), *fixed]
 
 
 def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: int) -> StepHits:

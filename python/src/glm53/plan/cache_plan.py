@@ -1,10 +1,12 @@
 """The GPU expert-cache plan: slots per layer, and per layer how many hold pinned hot experts vs an LRU
 window.
 
-From a routing trace: rankings and hit curves learned on the first part, the slot budget split across layers
-by exact DP over the learned curves, each layer's pinned/window split hedged against a popularity shift (the
-learned hits plus a weight on the hits if every pinned expert went cold: `hedged_split`), and the result scored
-on the held-out rest. From counts only: popularity without time order, under which pinning the hottest
+From a routing trace (`recommended_plan`, what `glm53 plan --stats` serves): the same slots for every layer
+and the pinned share the recommendation chose (`recommend`: robust over stress scenarios derived from the
+trace), scored on the held-out rest. `trace_plan`, the learned alternative that `plan simulate` shows as
+"planned": rankings and hit curves learned on the first part, the slot budget split across layers by exact DP
+over the learned curves, each layer's pinned/window split hedged against a popularity shift (the learned hits
+plus a weight on the hits if every pinned expert went cold: `hedged_split`). From counts only: popularity without time order, under which pinning the hottest
 is the best a cache can do, so every slot is pinned. Without statistics: layers are indistinguishable, so the
 principled default is the same slots for every layer, all of them LRU (with no ranking there is nothing to
 pin).
@@ -21,6 +23,7 @@ from glm53.errors import BadInput
 from glm53.plan.allocation import allocate_slots, uniform_split
 from glm53.plan.miss_ratio import LayerCurves, best_splits, default_pinned_grid, layer_curves, rank_experts
 from glm53.plan.parallel import default_workers, layer_map
+from glm53.plan.recommend import Recommendation, recommend
 from glm53.plan.simulate import pinned_lru_hits
 from glm53.plan.traces import RoutingCounts, RoutingTrace
 
@@ -59,6 +62,8 @@ class CachePlan(BaseModel):
     learned_hit_rate_unhedged: float | None = None
     drift_case_hit_rate: float | None = None
     recipe_drift_case_hit_rate: float | None = None
+    # Trace plans: each engine's recommended setting (the vllm one is this plan's pinned share).
+    recommendation: Recommendation | None = None
 
     @property
     def pinned_fraction(self) -> float:
@@ -387,6 +392,59 @@ def trace_plan(
     )
 
 
+def recommended_plan(
+    trace: RoutingTrace,
+    moe_layers: tuple[int, ...],
+    experts: int,
+    budget: int,
+    *,
+    learn_fraction: float,
+    source: str,
+) -> CachePlan:
+    """The recipe's engine as recommended (`recommend`): the same slots for every layer, the recommended
+    share of them pinned by the rankings learned on the first `learn_fraction`, the rest LRU; scored on the
+    rest of the trace. The recommendation is robust to drift the learning part does not show, so it pins
+    only what no stress scenario punishes (often nothing: plain LRU)."""
+    _check_layers(trace.layers, trace.experts, moe_layers, experts, f"routing trace {source}")
+    learn, score = trace.split(learn_fraction)
+    choice = recommend(
+        trace, budget / (len(moe_layers) * experts), engines=("vllm", "proposed"), learn_steps=learn.steps
+    )
+    share = choice.engine("vllm").choice.pinned_fraction or 0.0
+    counts = learn.counts()
+    rankings = [rank_experts(row) for row in counts]
+    layers: list[LayerCache] = []
+    scored_hits = 0
+    for index, (layer, slots) in enumerate(zip(moe_layers, uniform_split(budget, len(moe_layers), experts), strict=True)):
+        pinned = round(share * slots)
+        routes = score.routes[:, index, :]
+        hits = pinned_lru_hits(routes, experts, rankings[index], [(pinned, slots - pinned)])[0]
+        learned = pinned_lru_hits(learn.routes[:, index, :], experts, rankings[index], [(pinned, slots - pinned)])[0]
+        scored_hits += hits
+        layers.append(
+            LayerCache(
+                layer=layer,
+                slots=slots,
+                pinned=pinned,
+                window=slots - pinned,
+                learned_hit_rate=learned / (learn.steps * learn.top_k),
+                scored_hit_rate=hits / (score.steps * score.top_k),
+            )
+        )
+    return CachePlan(
+        strategy="trace",
+        source=source,
+        total_slots=sum(layer.slots for layer in layers),
+        layers=layers,
+        learned_steps=learn.steps,
+        scored_steps=score.steps,
+        expected_hit_rate=scored_hits / (score.steps * score.top_k * len(moe_layers)),
+        hit_rate_basis=(f"held out: learned on the first {learn.steps:,} steps, scored on the other {score.steps:,}"),
+        rankings={str(layer): rankings[i].tolist() for i, layer in enumerate(moe_layers)},
+        recommendation=choice,
+    )
+
+
 def plan_cache(
     stats: RoutingTrace | RoutingCounts | None,
     moe_layers: tuple[int, ...],
@@ -398,15 +456,7 @@ def plan_cache(
     source: str = "",
 ) -> CachePlan:
     if isinstance(stats, RoutingTrace):
-        return trace_plan(
-            stats,
-            moe_layers,
-            experts,
-            budget,
-            min_slots=min_slots,
-            learn_fraction=learn_fraction,
-            source=source,
-        )
+        return recommended_plan(stats, moe_layers, experts, budget, learn_fraction=learn_fraction, source=source)
     if isinstance(stats, RoutingCounts):
         return counts_plan(stats, moe_layers, experts, budget, min_slots=min_slots, source=source)
     return uniform_lru_plan(moe_layers, experts, budget)
@@ -422,6 +472,7 @@ __all__ = [
     "hedged_split",
     "learn_from_trace",
     "plan_cache",
+    "recommended_plan",
     "split_from_curves",
     "trace_plan",
     "uniform_lru_plan",

@@ -231,6 +231,7 @@ class Recommendation(BaseModel):
     fraction: float
     slots: int
     steps: int
+    learn_steps: int
     layers_replayed: list[int]
     scenarios: list[str]
     engines: list[EngineChoice]
@@ -258,17 +259,19 @@ def recommend(
     engines: Sequence[Engine] = ("vllm", "exllamav3", "proposed"),
     seed: int = 0,
     layer_limit: int = CHOICE_LAYERS,
+    learn_steps: int | None = None,
 ) -> Recommendation:
     """Choose each engine's setting at a GPU budget of `fraction` of every layer's experts (see the module's
-    docstring). The scenarios split at their midpoint: the first half learns, the second is scored. The
-    proposal is left out where numba is missing (its uncompiled loops would take minutes)."""
+    docstring). The scenarios split at `learn_steps` (default the midpoint): the steps before learn, the rest
+    is scored, and the stress scenarios change from there. The proposal is left out where numba is missing
+    (its uncompiled loops would take minutes)."""
     from glm53.plan.trace_shapes import stress_scenarios
 
     picked = layer_sample(len(trace.layers), layer_limit)
     sample = subset(trace, picked)
     slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
-    scenarios = stress_scenarios(sample, seed)
-    cut = sample.steps // 2
+    cut = sample.steps // 2 if learn_steps is None else min(max(1, learn_steps), sample.steps - 1)
+    scenarios = stress_scenarios(sample, seed, start=cut)
     accesses = (sample.steps - cut) * len(picked) * sample.top_k
     pools = {engine: candidates(engine) for engine in engines if engine != "proposed" or compiled()}
     pinned = sorted({c.pinned_fraction or 0.0 for pool in pools.values() for c in pool if c.family == "pinned-lru"})
@@ -319,6 +322,7 @@ def recommend(
         fraction=fraction,
         slots=slots,
         steps=trace.steps,
+        learn_steps=cut,
         layers_replayed=[trace.layers[i] for i in picked],
         scenarios=list(scenarios),
         engines=choices,

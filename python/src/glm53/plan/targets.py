@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.recommend import LRU, RECIPE, Candidate, Engine, recommend, replay
+from glm53.plan.recommend import RECIPE, Candidate, Engine, pinned_family, recommend, replay
 from glm53.plan.simulate import belady_hits
 from glm53.plan.trace_shapes import SHAPES, make_shape
 
@@ -75,7 +75,15 @@ def evaluate_shape(
         slots = max(trace.top_k, round(fraction * trace.experts))
         choice = recommend(learn, fraction, engines=engines, seed=seed)
 
+        pinned = sorted(
+            {0.0, RECIPE.pinned_fraction or 0.0}
+            | {c.choice.pinned_fraction or 0.0 for c in choice.engines if c.choice.family == "pinned-lru"}
+        )
+        family = dict(zip(pinned, pinned_family(trace, slots, learn_steps, pinned), strict=True))
+
         def rate(candidate: Candidate) -> float:
+            if candidate.family == "pinned-lru":
+                return family[candidate.pinned_fraction or 0.0].total(learn_steps) / held_out
             return replay(candidate, trace, slots, learn_steps).total(learn_steps) / held_out
 
         optimum = sum(
@@ -86,7 +94,7 @@ def evaluate_shape(
                 shape=name,
                 seed=seed,
                 fraction=fraction,
-                lru=rate(LRU),
+                lru=family[0.0].total(learn_steps) / held_out,
                 recipe=rate(RECIPE),
                 belady=optimum / held_out,
                 recommended=[

@@ -178,16 +178,16 @@ def make_shape(
     return trace  # stationary, learn-2%
 
 
-def stress_scenarios(trace: RoutingTrace, seed: int = 0) -> dict[str, RoutingTrace]:
-    """The user's trace and what a recommendation must survive, each changing from the trace's midpoint on
-    (its first half, the learning part, is the user's own): popularity re-permuted, the ranking sliding
-    through half the experts, two tenants alternating, bursty sessions."""
-    middle = trace.steps // 2
+def stress_scenarios(trace: RoutingTrace, seed: int = 0, start: int | None = None) -> dict[str, RoutingTrace]:
+    """The user's trace and what a recommendation must survive, each changing from step `start` on (default
+    the midpoint; the steps before it, the learning part, are the user's own): popularity re-permuted, the
+    ranking sliding through half the experts, two tenants alternating, bursty sessions."""
+    middle = trace.steps // 2 if start is None else start
     period = max(1, (trace.steps - middle) * 2 // trace.experts)
     block = max(1, min(TENANT_BLOCK, (trace.steps - middle) // 4))
     return {
         "trace": trace,
-        "re-permuted": drift_trace(trace, [(0.5, 1.0)], seed),
+        "re-permuted": drift_trace(trace, [(middle / trace.steps, 1.0)], seed) if 0 < middle < trace.steps else trace,
         "rotated": rotation(trace, period, start=middle),
         "tenants": tenants(trace, block, seed, start=middle),
         "bursty": bursty(trace, max(1, block), seed=seed, start=middle),

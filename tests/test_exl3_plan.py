@@ -544,8 +544,9 @@ def test_cli_env_lines_load_as_a_plan_env(
 def test_cli_stats_trace_and_out_write_the_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stationary skewed trace of the whole model: static placement wins, so plan.env turns swapping off
-    and names the stats file; `glm53 serve --plan-env` layers it over the profile."""
+    """A stationary skewed trace of the whole model: static placement beats the default dynamic one on it, but
+    the recommendation weighs the stress scenarios too; plan.env carries the recommended setting and
+    `glm53 serve --plan-env` passes every one of its variables to the engine."""
     trace_path = tmp_path / "routing.jsonl"
     write_trace(trace_path, synthesize_trace(SyntheticTraceSpec(steps=600, skew_min=1.0, skew_max=1.2, seed=2)))
     out_dir = tmp_path / "plan"
@@ -557,10 +558,14 @@ def test_cli_stats_trace_and_out_write_the_files(
     stats = json.loads(stats_path.read_text())
     assert len(stats) == 42 and all(len(row) == 288 for row in stats.values())
     env = dict(line.split("=", 1) for line in (out_dir / "plan.env").read_text().splitlines())
-    assert env["EXL3_MOE_CPU_SWAP"] == "0" and env["EXL3_MOE_CPU_SPLIT_STATS"] == str(stats_path)
     assert env["EXL3_MOE_CPU_SPLIT"] == "200"
     saved = Exl3Plan.model_validate_json((out_dir / "plan.json").read_text())
     assert saved.placement is not None and saved.placement.winner == "static"
+    assert saved.recommendation is not None
+    chosen = saved.recommendation.engine("exllamav3")
+    recommended = chosen.choice.env(str(stats_path))
+    assert recommended and all(env[key] == value for key, value in recommended.items())
+    assert all(saved.origins[key].startswith("recommended: ") for key in recommended)
     assert saved.split_stats_file == str(stats_path) and saved.env == env
     # With the counts the coldest experts are on the CPU: a smaller CPU share than uniform.
     assert saved.prediction.cpu_share < 200 / 288
@@ -571,10 +576,8 @@ def test_cli_stats_trace_and_out_write_the_files(
     launch = resolve_launch(
         ServeRequest(profile="exl3-2x3090", plan_env=out_dir / "plan.env"), need_model=False, environ={}
     )
-    settings = launch.profile.settings
-    assert settings["EXL3_MOE_CPU_SWAP"].value == "0"
-    assert settings["EXL3_MOE_CPU_SPLIT_STATS"].value == str(stats_path)
-    assert settings["GPU_SPLIT"].value == "23.16,23.16"
+    assert all(launch.spec.env[key] == value for key, value in recommended.items())
+    assert launch.profile.settings["GPU_SPLIT"].value == "23.16,23.16"
 
 
 def test_cli_counts_file_writes_stats_without_a_placement_verdict(

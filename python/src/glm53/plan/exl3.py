@@ -50,6 +50,7 @@ from glm53.host.rig import rig_topology
 from glm53.plan.checkpoint_facts import ModelFacts, model_facts
 from glm53.plan.cpu_pools import plan_cpu_sets
 from glm53.plan.planner import GpuSpec, Infeasible, gpu_spec, host_budget
+from glm53.plan.recommend import Recommendation
 from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
@@ -191,6 +192,9 @@ class Exl3Plan(BaseModel):
     # With a routing trace: static placement learned on its first half against dynamic placement.
     placement: PlacementComparison | None = None
     split_stats_file: str | None = None  # EXL3_MOE_CPU_SPLIT_STATS written beside the plan
+    # With a routing trace and a split: the recommended placement setting (glm53.plan.recommend), whose
+    # variables plan.env carries.
+    recommendation: Recommendation | None = None
 
 
 def parse_cache_mode(value: str) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from glm53.plan.checkpoint_facts import ModelFacts
 from glm53.plan.env import env_lines, make_out_dir
 from glm53.plan.exl3 import Exl3Plan, compare_placements, counts_by_layer, split_stats
 from glm53.plan.finite import require_finite
+from glm53.plan.recommend import recommend
 from glm53.plan.traces import RoutingCounts, RoutingTrace
 
 SPLIT_STATS_FILENAME = "exl3-split-stats.json"
@@ -46,6 +47,13 @@ def finish_exl3_plan(
     updates: dict[str, object] = {}
     if isinstance(stats, RoutingTrace) and plan.offload.mode == "split":
         updates["placement"] = compare_placements(stats, plan.offload.split_experts, learn_fraction)
+        experts = stats.experts
+        updates["recommendation"] = recommend(
+            stats,
+            (experts - plan.offload.split_experts) / experts,
+            engines=("exllamav3",),
+            learn_steps=round(stats.steps * learn_fraction),
+        )
     plan = plan.model_copy(update=updates)
     if out_dir is None:
         return SavedExl3Plan(plan, ())
@@ -56,11 +64,11 @@ def finish_exl3_plan(
         atomic_write_json(stats_path, split_stats(model, counts_by_layer(stats)))
         files.append(stats_path)
         env, origins = dict(plan.env), dict(plan.origins)
-        if plan.placement is not None and plan.placement.winner == "static":
-            env["EXL3_MOE_CPU_SWAP"] = "0"
-            origins["EXL3_MOE_CPU_SWAP"] = "static placement beats dynamic on the trace's second half"
-            env["EXL3_MOE_CPU_SPLIT_STATS"] = str(stats_path)
-            origins["EXL3_MOE_CPU_SPLIT_STATS"] = "the trace's counts: the coldest experts on the CPU"
+        if plan.recommendation is not None:
+            chosen = plan.recommendation.engine("exllamav3")
+            for key, value in chosen.choice.env(str(stats_path)).items():
+                env[key] = value
+                origins[key] = f"recommended: {chosen.label} (worst stress scenario {chosen.worst_gain:+.2%} vs LRU)"
         plan = plan.model_copy(update={"env": env, "origins": origins, "split_stats_file": str(stats_path)})
     require_finite(plan.model_dump(mode="json"), what="the plan")
     atomic_write_json(files[0], plan.model_dump(mode="json"))

@@ -15,6 +15,7 @@ from glm53.plan.cache_plan import LayerCache
 from glm53.plan.comparison import ComparisonReport
 from glm53.plan.exl3 import Exl3Plan
 from glm53.plan.planner import Plan
+from glm53.plan.recommend import Recommendation
 from glm53.plan.traces import SyntheticTraceSpec
 
 
@@ -25,6 +26,27 @@ def _gib(value: float) -> str:
 def _layer_runs(layers: list[int]) -> str:
     """Layer ids as runs: 0-23, or 0-3,7."""
     return format_cpu_list(layers) or "-"
+
+
+def render_recommendation(recommendation: Recommendation, console: Console) -> None:
+    """Each engine's recommended setting and its hit rate against plain LRU on every scenario."""
+    table = Table(
+        title=f"Recommended at {recommendation.slots} GPU experts a layer (hit rate vs plain LRU, points; "
+        f"learned on {recommendation.learn_steps:,} of {recommendation.steps:,} steps, "
+        f"{len(recommendation.layers_replayed)} layers replayed)",
+        title_justify="left",
+    )
+    table.add_column("engine")
+    table.add_column("setting")
+    for scenario in recommendation.scenarios:
+        table.add_column(scenario, justify="right")
+    for choice in recommendation.engines:
+        name = choice.engine if choice.engine != "proposed" else "proposed (no engine yet)"
+        table.add_row(name, choice.label, *(f"{100 * score.gain:+.2f}" for score in choice.scores))
+    console.print(table)
+    for choice in recommendation.engines:
+        if choice.needs:
+            console.print(f"proposed: {choice.label}; {choice.needs}")
 
 
 def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
@@ -90,6 +112,8 @@ def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
             f"{placement.dynamic_cpu_share:.1%} ({placement.swaps:,} swaps), uniform "
             f"{placement.uniform_cpu_share:.1%}: {placement.verdict}"
         )
+    if plan.recommendation is not None:
+        render_recommendation(plan.recommendation, console)
     console.print(
         f"CPU worker: {plan.threads} thread(s) on {format_cpu_list(plan.cpu_pool) or '-'}; "
         f"server on {format_cpu_list(plan.main_cpus) or '-'}"
@@ -221,6 +245,8 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
             f"were fully re-permuted: {cache.drift_case_hit_rate:.1%} vs the recipe's "
             f"{cache.recipe_drift_case_hit_rate or 0:.1%}"
         )
+    if cache.recommendation is not None:
+        render_recommendation(cache.recommendation, console)
     if plan.predicted_tokens_per_s is not None:
         console.print(
             f"predicted decode: {plan.predicted_tokens_per_s:.1f} tok/s "

@@ -25,10 +25,12 @@ from glm53.plan.allocation import uniform_split
 from glm53.plan.cache_plan import RECIPE_PINNED_FRACTION, learn_from_trace, split_from_curves
 from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.cost_model import CostModel, build_cost_model, read_probe_bandwidth
+from glm53.plan.engine_cost import StepCost, exl3_step_cost, recipe_step_cost
 from glm53.plan.kv_budget import derive_kv
 from glm53.plan.miss_ratio import LayerCurves
 from glm53.plan.parallel import cpu_seconds, default_workers, layer_map
 from glm53.plan.simulate import belady_hits, pinned_lru_hits
+from glm53.plan.targets import TargetRow, evaluate_trace
 from glm53.plan.traces import RoutingTrace, drift_trace
 
 if TYPE_CHECKING:
@@ -120,6 +122,10 @@ class ComparisonReport(BaseModel):
     budgets: list[BudgetResult]
     cost_model: CostModel | None = None
     drift_scenarios: list[tuple[float, float]] = []
+    # The engines' own policies (`targets.evaluate_trace`): each engine's recommendation and defaults, priced as
+    # that engine pays misses where the trace has GLM-5.3-Flash's shape.
+    engines: list[TargetRow] = []
+    engine_costs: list[str] = []
 
 
 def _noop(stage: str, done: int, total: int) -> None:
@@ -162,6 +168,33 @@ def trace_cost_model(
         tensor_parallel_size=tensor_parallel_size,
         bandwidth=read_probe_bandwidth(bandwidth_path) if bandwidth_path else None,
     )
+
+
+def engine_costs(trace: RoutingTrace, *, tensor_parallel_size: int = 2) -> dict[str, StepCost] | None:
+    """Each engine's step cost on the recipe's rig, when the trace routes like the published architecture."""
+    model = load_architecture()
+    if (trace.experts, trace.top_k) != (model.n_routed_experts, model.num_experts_per_tok):
+        return None
+    kv = derive_kv(model, tensor_parallel_size)
+    return {
+        "vllm": recipe_step_cost(model, kv, "cpu+pcie", tensor_parallel_size=tensor_parallel_size),
+        "exllamav3": exl3_step_cost(model),
+    }
+
+
+def add_engine_policies(report: ComparisonReport, trace: RoutingTrace, *, seed: int = 0) -> ComparisonReport:
+    """The report with each engine's recommended setting and defaults replayed over the same held-out part."""
+    costs = engine_costs(trace)
+    rows = evaluate_trace(
+        trace,
+        report.learned_steps,
+        name=report.trace,
+        seed=seed,
+        fractions=[budget.fraction for budget in report.budgets],
+        costs=dict(costs) if costs else None,  # type: ignore[arg-type]
+    )
+    notes = [f"{engine}: {'; '.join(cost.assumptions)}" for engine, cost in (costs or {}).items()]
+    return report.model_copy(update={"engines": rows, "engine_costs": notes})
 
 
 def compare_policies(
@@ -316,6 +349,8 @@ def _drift_scenario(
 __all__ = [
     "POLICIES",
     "RECIPE_PINNED_FRACTION",
+    "add_engine_policies",
+    "engine_costs",
     "BudgetResult",
     "ComparisonReport",
     "DriftResult",

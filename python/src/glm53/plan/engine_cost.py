@@ -62,6 +62,7 @@ class StepCost(BaseModel):
     cpu_rate: float  # bytes/s one rank's CPU pool computes experts at
     handoff_seconds: float
     assumptions: list[str]
+    swap_seconds: float = 0.0  # ExLlamaV3's dynamic split: one swap re-reads two experts and copies one
 
     def layer_seconds(self, hits: NDArray[np.integer]) -> NDArray[np.float64]:
         """Seconds of each (step, layer) MoE part for its hit count."""
@@ -82,8 +83,10 @@ class StepCost(BaseModel):
         result: NDArray[np.float64] = self.fixed_seconds + self.layer_seconds(hits).sum(axis=1)
         return result
 
-    def tokens_per_s(self, hits: NDArray[np.integer]) -> float:
-        return float(1.0 / self.step_seconds(hits).mean())
+    def tokens_per_s(self, hits: NDArray[np.integer], swaps: int = 0) -> float:
+        """Decode rate over the steps of `hits`, with `swaps` placement swaps paid among them."""
+        seconds = float(self.step_seconds(hits).sum()) + swaps * self.swap_seconds
+        return len(hits) / seconds
 
     def at_hit_rate(self, hit_rate: float) -> float:
         """Tokens/s when every layer of every step hits `hit_rate` of its experts (no bunching)."""
@@ -132,6 +135,41 @@ def recipe_step_cost(
         cpu_rate=cpu_rate,
         handoff_seconds=CPU_HANDOFF_SECONDS,
         assumptions=assumptions,
+    )
+
+
+def exl3_step_cost(
+    model: ModelFacts,
+    *,
+    context_tokens: int = 8192,
+    gpu_memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH,
+    host_memory_bandwidth: float = RECIPE_HOST_BANDWIDTH,
+    host_to_device: float = ASSUMED_HOST_TO_DEVICE,
+) -> StepCost:
+    """ExLlamaV3's CPU split, as `exl3.predict` prices it (layer split, no tensor parallelism): the CPU worker
+    computes the selections on CPU-resident experts while the GPU runs its own, and a layer waits for the
+    slower; a dynamic placement swap re-reads both experts from the checkpoint (page cache, at host memory
+    speed) and copies the promoted one to the GPU, between generations."""
+    gpu_rate = gpu_memory_bandwidth * GPU_KERNEL_EFFICIENCY
+    weights = model.non_expert_replicated_bytes + model.non_expert_sharded_bytes - EMBEDDING_BYTES
+    kv_read = len(model.dsa_layers) * context_tokens * model.index_head_dim * 2
+    expert = model.expert_bytes
+    return StepCost(
+        miss_path="cpu",
+        layers=len(model.moe_layers),
+        top_k=model.num_experts_per_tok,
+        shard_bytes=expert,
+        fixed_seconds=(weights + kv_read) / gpu_rate,
+        gpu_expert_rate=gpu_rate,
+        pcie_rate=host_to_device,
+        cpu_rate=host_memory_bandwidth * CPU_KERNEL_EFFICIENCY,
+        handoff_seconds=CPU_HANDOFF_SECONDS,
+        swap_seconds=2 * expert / host_memory_bandwidth + expert / host_to_device,
+        assumptions=[
+            f"GPU {gpu_memory_bandwidth / 1e9:.1f} GB/s x {GPU_KERNEL_EFFICIENCY}; CPU worker at "
+            f"{host_memory_bandwidth / 1e9:.0f} GB/s x {CPU_KERNEL_EFFICIENCY}; a swap "
+            f"{(2 * expert / host_memory_bandwidth + expert / host_to_device) * 1e3:.2f} ms"
+        ],
     )
 
 
@@ -214,5 +252,6 @@ __all__ = [
     "RecipeComparisonRow",
     "StepCost",
     "compare_with_recipe",
+    "exl3_step_cost",
     "recipe_step_cost",
 ]

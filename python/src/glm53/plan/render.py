@@ -286,6 +286,40 @@ def _runs(layers: list[LayerCache]) -> list[tuple[int, int, LayerCache]]:
     return out
 
 
+def render_engine_policies(report: ComparisonReport, console: Console) -> None:
+    """The engines' own policies: defaults and recommendations, hit rate and decode rate as each engine pays."""
+    if not report.engines:
+        return
+    table = Table(title="The engines' own policies, held-out hit rate (recommended on the learned part)", title_justify="left")
+    for column in ("budget", "engine", "setting", "hit rate", "vs LRU", "tok/s"):
+        table.add_column(column, justify="left" if column in ("engine", "setting") else "right")
+    for row in report.engines:
+        policies = [*row.baselines, *row.recommended]
+        for index, policy in enumerate(policies):
+            recommended = index >= len(row.baselines)
+            engine = policy.engine if policy.engine != "proposed" else "proposed (no engine yet)"
+            table.add_row(
+                f"{row.fraction:.0%}" if index == 0 else "",
+                engine + (": recommended" if recommended and policy.engine != "proposed" else ""),
+                policy.label,
+                f"{policy.hit_rate:.2%}",
+                f"{(policy.hit_rate - row.lru) * 100:+.2f} pt",
+                "-" if policy.tokens_per_s is None else f"{policy.tokens_per_s:.1f}",
+            )
+        table.add_row(
+            "",
+            "",
+            "Belady MIN (same slots)",
+            f"{row.belady:.2%}",
+            f"{(row.belady - row.lru) * 100:+.2f} pt",
+            "-",
+            end_section=True,
+        )
+    console.print(table)
+    for note in report.engine_costs:
+        console.print(f"cost: {note}")
+
+
 def render_comparison(report: ComparisonReport, console: Console) -> None:
     console.print(
         f"trace {report.trace or '(synthetic)'}: {report.layers} layers x {report.experts} experts x "
@@ -345,6 +379,7 @@ def render_comparison(report: ComparisonReport, console: Console) -> None:
         f"time: learning {report.learn_seconds:.1f} s, planning + simulations {report.total_seconds:.1f} s "
         f"wall, {report.cpu_seconds:.1f} s CPU over {report.workers} process(es)"
     )
+    render_engine_policies(report, console)
 
 
 def render_synthetic_trace(path: Path, spec: SyntheticTraceSpec, console: Console) -> None:

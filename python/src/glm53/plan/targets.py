@@ -20,9 +20,11 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.recommend import RECIPE, Candidate, Engine, pinned_family, recommend, replay
+from glm53.plan.engine_cost import StepCost
+from glm53.plan.recommend import EXL3_DEFAULT, LRU, RECIPE, Candidate, Engine, pinned_family, recommend, replay
 from glm53.plan.simulate import belady_hits
 from glm53.plan.trace_shapes import SHAPES, make_shape
+from glm53.plan.traces import RoutingTrace
 
 BELOW_LRU = 0.0025
 OVER_RECIPE = 0.04
@@ -36,6 +38,7 @@ class PolicyRate(BaseModel):
     engine: Engine
     label: str
     hit_rate: float
+    tokens_per_s: float | None = None  # as the engine pays its misses (engine_cost), where priced
 
 
 class TargetRow(BaseModel):
@@ -48,6 +51,8 @@ class TargetRow(BaseModel):
     recipe: float
     belady: float
     recommended: list[PolicyRate]
+    # Beside the recommendations: plain LRU, the recipe's policy and ExLlamaV3's defaults, priced.
+    baselines: list[PolicyRate] = []
 
     def rate(self, engine: Engine) -> float:
         return next(r.hit_rate for r in self.recommended if r.engine == engine)
@@ -68,38 +73,66 @@ def evaluate_shape(
 ) -> list[TargetRow]:
     trace = make_shape(name, seed=seed, steps=steps, layers=layers)
     learn_steps = max(2, round(trace.steps * SHAPES[name].learn_fraction))
+    return evaluate_trace(trace, learn_steps, name=name, seed=seed, fractions=fractions, engines=engines)
+
+
+def evaluate_trace(
+    trace: RoutingTrace,
+    learn_steps: int,
+    *,
+    name: str = "",
+    seed: int = 0,
+    fractions: Sequence[float] = (0.08, 0.17, 0.33),
+    engines: Sequence[Engine] = ENGINES,
+    costs: dict[Engine, StepCost] | None = None,
+) -> list[TargetRow]:
+    """Recommend on the first `learn_steps` steps, then replay each choice (and the baselines) over the whole
+    trace and score the rest; with `costs`, each engine's policies are priced as that engine pays misses."""
     learn = trace.slice(0, learn_steps)
     held_out = (trace.steps - learn_steps) * len(trace.layers) * trace.top_k
     rows = []
     for fraction in fractions:
-        slots = max(trace.top_k, round(fraction * trace.experts))
+        slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
         choice = recommend(learn, fraction, engines=engines, seed=seed)
-
         pinned = sorted(
             {0.0, RECIPE.pinned_fraction or 0.0}
             | {c.choice.pinned_fraction or 0.0 for c in choice.engines if c.choice.family == "pinned-lru"}
         )
         family = dict(zip(pinned, pinned_family(trace, slots, learn_steps, pinned), strict=True))
 
-        def rate(candidate: Candidate) -> float:
+        def priced(candidate: Candidate, label: str | None = None) -> PolicyRate:
             if candidate.family == "pinned-lru":
-                return family[candidate.pinned_fraction or 0.0].total(learn_steps) / held_out
-            return replay(candidate, trace, slots, learn_steps).total(learn_steps) / held_out
+                hits = family[candidate.pinned_fraction or 0.0]
+            else:
+                hits = replay(candidate, trace, slots, learn_steps)
+            cost = costs.get("vllm" if candidate.engine == "proposed" else candidate.engine) if costs else None
+            return PolicyRate(
+                engine=candidate.engine,
+                label=label or candidate.label,
+                hit_rate=hits.total(learn_steps) / held_out,
+                tokens_per_s=(
+                    cost.tokens_per_s(hits.hits[learn_steps:], hits.swaps_between(learn_steps))
+                    if cost is not None
+                    else None
+                ),
+            )
 
         optimum = sum(
             belady_hits(trace.routes[learn_steps:, index, :], slots, trace.experts) for index in range(len(trace.layers))
         )
+        baselines = [priced(LRU, "plain LRU"), priced(RECIPE, "recipe: 20% pinned")]
+        if "exllamav3" in engines and slots < trace.experts:
+            baselines.append(priced(EXL3_DEFAULT, "ExLlamaV3 defaults (dynamic /128 x2 floor 8)"))
         rows.append(
             TargetRow(
                 shape=name,
                 seed=seed,
                 fraction=fraction,
-                lru=family[0.0].total(learn_steps) / held_out,
-                recipe=rate(RECIPE),
+                lru=baselines[0].hit_rate,
+                recipe=baselines[1].hit_rate,
                 belady=optimum / held_out,
-                recommended=[
-                    PolicyRate(engine=c.engine, label=c.label, hit_rate=rate(c.choice)) for c in choice.engines
-                ],
+                recommended=[priced(c.choice) for c in choice.engines],
+                baselines=baselines,
             )
         )
     return rows
@@ -156,4 +189,4 @@ def check_targets(rows: Sequence[TargetRow], engines: Sequence[Engine] = ENGINES
     return checks
 
 
-__all__ = ["ENGINES", "PolicyRate", "TargetCheck", "TargetRow", "check_targets", "evaluate_shape"]
+__all__ = ["ENGINES", "PolicyRate", "TargetCheck", "TargetRow", "check_targets", "evaluate_shape", "evaluate_trace"]

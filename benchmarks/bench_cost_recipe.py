@@ -43,12 +43,16 @@ def main() -> int:
     slots = uniform_split(RECIPE_SLOTS, len(trace.layers), trace.experts)
     pinned = [round(0.2 * s) for s in slots]
     rankings = np.stack([rank_experts(row) for row in trace.slice(0, cut).counts()])
-    hits = pinned_lru_step_hits(trace.routes, trace.experts, rankings, pinned, [s - p for s, p in zip(slots, pinned)])
+    hits = pinned_lru_step_hits(
+        trace.routes, trace.experts, rankings, pinned, [s - p for s, p in zip(slots, pinned, strict=True)]
+    )
     report = compare_with_recipe(
         model,
         kv,
         hits.hits[cut:],
-        hit_rate_source=f"synthetic trace, locality {args.locality}, seed {args.seed}, held-out {trace.steps - cut:,} steps",
+        hit_rate_source=(
+            f"synthetic trace, locality {args.locality}, seed {args.seed}, held-out {trace.steps - cut:,} steps"
+        ),
         slots_per_layer=max(slots),
         pinned_per_layer=max(pinned),
     )
@@ -72,7 +76,9 @@ def main() -> int:
     for rate, values in report.sensitivity.items():
         sensitivity.add_row(rate, *[f"{values[path]:.1f}" for path in MISS_PATHS])
     console.print(sensitivity)
-    console.print(f"hit rate: {report.hit_rate_source}; {report.slots_per_layer} slots a layer, {report.pinned_per_layer} pinned")
+    console.print(
+        f"hit rate: {report.hit_rate_source}; {report.slots_per_layer} slots a layer, {report.pinned_per_layer} pinned"
+    )
     for line in report.assumptions:
         console.print(f"assumed: {line}")
     best = report.rows[0].predicted["cpu+pcie"]

@@ -33,7 +33,9 @@ from glm53.plan.traces import parse_layers
 
 
 def table(rows: list[TargetRow], console: Console) -> None:
-    out = Table(title="Held-out hit rate (%), mean over seeds; engines: recommended setting (worst seed vs LRU, points)")
+    out = Table(
+        title="Held-out hit rate (%), mean over seeds; engines: recommended setting (worst seed vs LRU, points)"
+    )
     for column in ("shape", "budget", "LRU", "recipe", "vllm", "exllamav3", "proposed", "MIN", "gap closed"):
         out.add_column(column, justify="left" if column == "shape" else "right")
     shapes = list(dict.fromkeys(row.shape for row in rows))

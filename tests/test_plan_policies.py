@@ -43,8 +43,16 @@ def engine_sweep(hist: list[float], mapping: list[int], first: int, budget: int,
     return swaps
 
 
-def engine_replay(routes: np.ndarray, experts: int, k: int, interval: int, hyst: float, floor_x: float, cap: int,
-                  generation: int | None) -> tuple[np.ndarray, int]:
+def engine_replay(
+    routes: np.ndarray,
+    experts: int,
+    k: int,
+    interval: int,
+    hyst: float,
+    floor_x: float,
+    cap: int,
+    generation: int | None,
+) -> tuple[np.ndarray, int]:
     """The engine's tick (_split_swap_tick), pending sweep and registry walk (run_pending_swap_sweeps)."""
     steps, layers, _ = routes.shape
     mappings = [list(range(experts)) for _ in range(layers)]
@@ -90,7 +98,14 @@ def test_dynamic_split_matches_the_engines_rule(
     trace = synthesize_trace(SMALL)
     expected, swaps = engine_replay(trace.routes, 40, 30, interval, hyst, floor_x, cap, generation)
     got = exl3_dynamic(
-        trace.routes, 40, [30] * 3, interval=interval, hysteresis=hyst, floor=floor_x, max_swaps=cap, generation=generation
+        trace.routes,
+        40,
+        [30] * 3,
+        interval=interval,
+        hysteresis=hyst,
+        floor=floor_x,
+        max_swaps=cap,
+        generation=generation,
     )
     assert np.array_equal(got.hits, expected)
     assert int(got.swaps.sum()) == swaps > 0

@@ -29,13 +29,17 @@ def test_every_shape_is_a_valid_seeded_trace(name: str) -> None:
     ordered = np.sort(trace.routes, axis=2)
     assert trace.routes.shape == (400, 4, 4) and not (ordered[:, :, 1:] == ordered[:, :, :-1]).any()
     assert trace.routes.min() >= 0 and trace.routes.max() < 32
-    assert np.array_equal(trace.routes, make_shape(name, seed=3, steps=400, layers=range(3, 7), experts=32, top_k=4).routes)
+    assert np.array_equal(
+        trace.routes, make_shape(name, seed=3, steps=400, layers=range(3, 7), experts=32, top_k=4).routes
+    )
 
 
 def test_shapes_drift_where_they_say() -> None:
     base = make_shape("stationary", seed=1, steps=1000, layers=range(3, 5), experts=32, top_k=4)
     moved = make_shape("repermute-50", seed=1, steps=1000, layers=range(3, 5), experts=32, top_k=4)
-    assert np.array_equal(base.routes[:500], moved.routes[:500]) and not np.array_equal(base.routes[500:], moved.routes[500:])
+    assert np.array_equal(base.routes[:500], moved.routes[:500]) and not np.array_equal(
+        base.routes[500:], moved.routes[500:]
+    )
     scenarios = stress_scenarios(base, start=600)
     assert list(scenarios) == ["trace", "re-permuted", "rotated", "tenants", "bursty"]
     for scenario in scenarios.values():  # the learning part is the user's own
@@ -88,7 +92,9 @@ def test_plan_stats_carries_the_recommendation_to_serve(
     )
     assert code == 0
     rig = ["--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "threadripper-5975wx-cgv2")]
-    code, out, _ = run(["plan", *rig, "--stats", str(trace), "--out", str(tmp_path / "p"), "--json"], capsys, monkeypatch)
+    code, out, _ = run(
+        ["plan", *rig, "--stats", str(trace), "--out", str(tmp_path / "p"), "--json"], capsys, monkeypatch
+    )
     assert code == 0
     plan = json.loads(out)
     choice = next(c for c in plan["cache"]["recommendation"]["engines"] if c["engine"] == "vllm")
@@ -113,20 +119,35 @@ def _records(path: Path, lines: list[object]) -> Path:
 
 
 def _mixtral(problem: int, token: int, layer: int, experts: list[int]) -> dict[str, object]:
-    return {"dataset": "gsm8k", "problem_id": problem, "layer": layer, "token_idx": token, "experts": experts,
-            "gating_probs": [0.6, 0.4]}
+    return {
+        "dataset": "gsm8k",
+        "problem_id": problem,
+        "layer": layer,
+        "token_idx": token,
+        "experts": experts,
+        "gating_probs": [0.6, 0.4],
+    }
 
 
 def test_import_expert_records_groups_tokens_of_each_sequence(tmp_path: Path) -> None:
     # Written layer by layer, as the published captures are; two sequences.
-    lines = [_mixtral(p, t, layer, [(t + layer + p) % 8, (t + 2 * layer + p + 1) % 8 or 7])
-             for p in (0, 1) for layer in (0, 1, 2) for t in range(4)]
+    lines = [
+        _mixtral(p, t, layer, [(t + layer + p) % 8, (t + 2 * layer + p + 1) % 8 or 7])
+        for p in (0, 1)
+        for layer in (0, 1, 2)
+        for t in range(4)
+    ]
     lines = [line for line in lines if line["experts"][0] != line["experts"][1]]  # type: ignore[index]
     for line in lines:  # keep every step complete for this test
         line["experts"] = [line["experts"][0], (line["experts"][0] + 3) % 8]  # type: ignore[index]
     source = _records(tmp_path / "capture.jsonl", lines)
     imported = import_trace(source, experts=8)
-    assert (imported.source_format, imported.sequences, imported.steps, imported.layers) == ("expert-records", 2, 8, [0, 1, 2])
+    assert (imported.source_format, imported.sequences, imported.steps, imported.layers) == (
+        "expert-records",
+        2,
+        8,
+        [0, 1, 2],
+    )
     assert imported.trace.routes[5, 2].tolist() == next(
         line["experts"] for line in lines if (line["problem_id"], line["token_idx"], line["layer"]) == (1, 1, 2)
     )
@@ -135,11 +156,17 @@ def test_import_expert_records_groups_tokens_of_each_sequence(tmp_path: Path) ->
 
 def test_import_vllm_moe_log(tmp_path: Path) -> None:
     lines: list[object] = [{"type": "meta", "num_experts": 16, "top_k": 2, "model_id": "m"}]
-    lines += [{"type": "route", "req_id": "r0", "token_idx": t, "layer": 0, "topk_ids": [t % 16, (t + 5) % 16]}
-              for t in range(10)]
+    lines += [
+        {"type": "route", "req_id": "r0", "token_idx": t, "layer": 0, "topk_ids": [t % 16, (t + 5) % 16]}
+        for t in range(10)
+    ]
     imported = import_trace(_records(tmp_path / "log.jsonl", lines))
     assert (imported.source_format, imported.experts, imported.experts_source, imported.steps) == (
-        "vllm-moe-log", 16, "the meta record", 10)
+        "vllm-moe-log",
+        16,
+        "the meta record",
+        10,
+    )
 
 
 @pytest.mark.parametrize(
@@ -155,8 +182,13 @@ def test_import_vllm_moe_log(tmp_path: Path) -> None:
         ([{"hello": 1}], "neither an expert-records record"),
         ([[1, 2]], "must be a JSON object"),
         ([{"format": "glm53-routing-trace", "version": 1}], "already a glm53 routing trace"),
-        ([{"type": "meta", "num_experts": 4, "top_k": 2}, {"type": "route", "req_id": "a", "token_idx": 0,
-          "layer": 0, "topk_ids": [1, 9]}], "not below the expert count 4"),
+        (
+            [
+                {"type": "meta", "num_experts": 4, "top_k": 2},
+                {"type": "route", "req_id": "a", "token_idx": 0, "layer": 0, "topk_ids": [1, 9]},
+            ],
+            "not below the expert count 4",
+        ),
     ],
 )
 def test_import_refuses_malformed_captures(tmp_path: Path, lines: list[object], message: str) -> None:
@@ -189,7 +221,9 @@ def test_engine_cost_against_the_published_decode() -> None:
     model = load_architecture()
     kv = derive_kv(model, 2)
     for context, published in PUBLISHED_DECODE:
-        rates = {path: recipe_step_cost(model, kv, path, context_tokens=context).at_hit_rate(0.684) for path in MISS_PATHS}
+        rates = {
+            path: recipe_step_cost(model, kv, path, context_tokens=context).at_hit_rate(0.684) for path in MISS_PATHS
+        }
         assert abs(rates["cpu+pcie"] - published) / published < 0.2
         assert rates["copy"] < 0.8 * published
         assert rates["copy"] < rates["copy-overlap"] and rates["cpu"] < rates["cpu+pcie"]

@@ -6,10 +6,10 @@ and the pinned share the recommendation chose (`recommend`: robust over stress s
 trace), scored on the held-out rest. `trace_plan`, the learned alternative that `plan simulate` shows as
 "planned": rankings and hit curves learned on the first part, the slot budget split across layers by exact DP
 over the learned curves, each layer's pinned/window split hedged against a popularity shift (the learned hits
-plus a weight on the hits if every pinned expert went cold: `hedged_split`). From counts only: popularity without time order, under which pinning the hottest
-is the best a cache can do, so every slot is pinned. Without statistics: layers are indistinguishable, so the
-principled default is the same slots for every layer, all of them LRU (with no ranking there is nothing to
-pin).
+plus a weight on the hits if every pinned expert went cold: `hedged_split`). From counts only: popularity
+without time order, under which pinning the hottest is the best a cache can do, so every slot is pinned.
+Without statistics: layers are indistinguishable, so the principled default is the same slots for every layer,
+all of them LRU (with no ranking there is nothing to pin).
 """
 
 from __future__ import annotations
@@ -415,7 +415,9 @@ def recommended_plan(
     rankings = [rank_experts(row) for row in counts]
     layers: list[LayerCache] = []
     scored_hits = 0
-    for index, (layer, slots) in enumerate(zip(moe_layers, uniform_split(budget, len(moe_layers), experts), strict=True)):
+    for index, (layer, slots) in enumerate(
+        zip(moe_layers, uniform_split(budget, len(moe_layers), experts), strict=True)
+    ):
         pinned = round(share * slots)
         routes = score.routes[:, index, :]
         hits = pinned_lru_hits(routes, experts, rankings[index], [(pinned, slots - pinned)])[0]

@@ -349,13 +349,13 @@ def _drift_scenario(
 __all__ = [
     "POLICIES",
     "RECIPE_PINNED_FRACTION",
-    "add_engine_policies",
-    "engine_costs",
     "BudgetResult",
     "ComparisonReport",
     "DriftResult",
     "PolicyResult",
+    "add_engine_policies",
     "compare_policies",
+    "engine_costs",
     "parse_budgets",
     "trace_cost_model",
 ]

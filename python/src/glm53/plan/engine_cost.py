@@ -67,16 +67,18 @@ class StepCost(BaseModel):
     def layer_seconds(self, hits: NDArray[np.integer]) -> NDArray[np.float64]:
         """Seconds of each (step, layer) MoE part for its hit count."""
         hits = np.asarray(hits, dtype=np.float64)
+        result: NDArray[np.float64]
         misses = self.top_k - hits
         on_gpu = hits * self.shard_bytes / self.gpu_expert_rate
         missed = misses * self.shard_bytes
         if self.miss_path == "copy":
-            return self.top_k * self.shard_bytes / self.gpu_expert_rate + missed / self.pcie_rate
-        if self.miss_path == "copy-overlap":
-            return np.maximum(on_gpu, missed / self.pcie_rate) + missed / self.gpu_expert_rate
-        rate = self.cpu_rate + (self.pcie_rate if self.miss_path == "cpu+pcie" else 0.0)
-        served = np.where(misses > 0, missed / rate + self.handoff_seconds, 0.0)
-        return np.maximum(on_gpu, served)
+            result = self.top_k * self.shard_bytes / self.gpu_expert_rate + missed / self.pcie_rate
+        elif self.miss_path == "copy-overlap":
+            result = np.maximum(on_gpu, missed / self.pcie_rate) + missed / self.gpu_expert_rate
+        else:
+            rate = self.cpu_rate + (self.pcie_rate if self.miss_path == "cpu+pcie" else 0.0)
+            result = np.maximum(on_gpu, np.where(misses > 0, missed / rate + self.handoff_seconds, 0.0))
+        return result
 
     def step_seconds(self, hits: NDArray[np.integer]) -> NDArray[np.float64]:
         """Seconds of each decode step from its (steps, layers) hit counts."""
@@ -225,9 +227,7 @@ def compare_with_recipe(
             RecipeComparisonRow(context_tokens=context, published=published, predicted=predicted, today=round(today, 1))
         )
     sensitivity = {
-        f"{rate:.2f}": {
-            path: round(recipe_step_cost(model, kv, path).at_hit_rate(rate), 1) for path in MISS_PATHS
-        }
+        f"{rate:.2f}": {path: round(recipe_step_cost(model, kv, path).at_hit_rate(rate), 1) for path in MISS_PATHS}
         for rate in (0.6, 0.7, 0.8, 0.9)
     }
     cost = recipe_step_cost(model, kv, "cpu+pcie")

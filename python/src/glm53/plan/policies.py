@@ -19,6 +19,7 @@ ExLlamaV3's split a CPU-resident expert is computed on the CPU and stays there u
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,7 +77,7 @@ def pinned_lru_masks(
         rows = before[start : start + chunk]
         prev = previous[start : start + chunk][:, :, None]
         running = np.zeros(prev.shape[:2], dtype=np.int32)
-        for low, high in zip(bounds[:-1], bounds[1:], strict=True):  # each column is compared once
+        for low, high in itertools.pairwise(bounds):  # each column is compared once
             running += np.count_nonzero(rows[:, None, low:high] > prev, axis=2).astype(np.int32)
             newer_below[high][start : start + chunk] = running
     newer_all = newer_below[experts]
@@ -103,7 +104,9 @@ def pinned_lru_step_hits(
     steps, layers, _ = routes.shape
     hits = np.zeros((steps, layers), dtype=np.int16)
     for index in range(layers):
-        mask = pinned_lru_masks(routes[:, index, :], experts, rankings[index], [(int(pinned[index]), int(window[index]))])
+        mask = pinned_lru_masks(
+            routes[:, index, :], experts, rankings[index], [(int(pinned[index]), int(window[index]))]
+        )
         hits[:, index] = mask[0].sum(axis=1)
     return StepHits(hits)
 
@@ -115,7 +118,9 @@ def exl3_static(routes: NDArray[np.integer], experts: int, cpu: NDArray[np.bool_
     return StepHits(on_gpu.sum(axis=2).astype(np.int16))
 
 
-def static_cpu_mask(counts: NDArray[np.integer] | NDArray[np.floating], cpu_experts: NDArray[np.integer]) -> NDArray[np.bool_]:
+def static_cpu_mask(
+    counts: NDArray[np.integer] | NDArray[np.floating], cpu_experts: NDArray[np.integer]
+) -> NDArray[np.bool_]:
     """ExLlamaV3's static split (`load_cpu_split`): each layer's experts ordered by count, hottest first, by a
     stable sort on -count (among equal counts the lower id stays on the GPU), and the last k on the CPU."""
     layers, experts = counts.shape
@@ -178,10 +183,8 @@ def exl3_dynamic(
     """
     steps, layers, _ = routes.shape
     split = np.asarray(cpu_experts, dtype=np.int64)
-    if start_cpu is None:
-        cpu = np.arange(experts)[None, :] >= (experts - split)[:, None]
-    else:
-        cpu = start_cpu.copy()
+    start = np.arange(experts)[None, :] >= (experts - split)[:, None]
+    cpu = start if start_cpu is None else start_cpu.copy()
     hist = np.zeros((layers, experts), dtype=np.float64)
     offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
     ids = np.arange(experts)
@@ -247,7 +250,7 @@ def decayed_frequency(
     numpy; None picks the loop when numba is there, else numpy (faster than uncompiled loops). Both give the
     same hits.
     """
-    steps, layers, top_k = routes.shape
+    steps, layers, _ = routes.shape
     capacity = np.broadcast_to(np.asarray(slots, dtype=np.int64), (layers,)).copy()
     window = np.broadcast_to(np.asarray(recent, dtype=np.int64), (layers,)).copy()
     rate = np.full(layers, 2.0 ** (1.0 / half_life))

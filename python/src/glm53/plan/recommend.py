@@ -161,7 +161,11 @@ def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: i
         return adaptive_frequency(trace.routes, experts, [slots] * layers, recent=candidate.recent or 1)
     if candidate.family == "decayed-frequency":
         return decayed_frequency(
-            trace.routes, experts, [slots] * layers, recent=candidate.recent or 1, half_life=candidate.half_life or 256.0
+            trace.routes,
+            experts,
+            [slots] * layers,
+            recent=candidate.recent or 1,
+            half_life=candidate.half_life or 256.0,
         )
     if candidate.family == "exl3-dynamic":
         return exl3_dynamic(
@@ -179,9 +183,7 @@ def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: i
     return pinned_family(trace, slots, learn_steps, [candidate.pinned_fraction or 0.0])[0]
 
 
-def pinned_family(
-    trace: RoutingTrace, slots: int, learn_steps: int, fractions: Sequence[float]
-) -> list[StepHits]:
+def pinned_family(trace: RoutingTrace, slots: int, learn_steps: int, fractions: Sequence[float]) -> list[StepHits]:
     """Pinned LRU at several pinned shares in one pass per layer (the stack distances are shared)."""
     experts, layers = trace.experts, len(trace.layers)
     counts = learned_counts(trace, learn_steps)

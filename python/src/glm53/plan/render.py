@@ -290,7 +290,9 @@ def render_engine_policies(report: ComparisonReport, console: Console) -> None:
     """The engines' own policies: defaults and recommendations, hit rate and decode rate as each engine pays."""
     if not report.engines:
         return
-    table = Table(title="The engines' own policies, held-out hit rate (recommended on the learned part)", title_justify="left")
+    table = Table(
+        title="The engines' own policies, held-out hit rate (recommended on the learned part)", title_justify="left"
+    )
     for column in ("budget", "engine", "setting", "hit rate", "vs LRU", "tok/s"):
         table.add_column(column, justify="left" if column in ("engine", "setting") else "right")
     for row in report.engines:

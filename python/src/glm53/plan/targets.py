@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from glm53.plan.engine_cost import StepCost
+from glm53.plan.policies import StepHits
 from glm53.plan.recommend import EXL3_DEFAULT, LRU, RECIPE, Candidate, Engine, pinned_family, recommend, replay
 from glm53.plan.simulate import belady_hits
 from glm53.plan.trace_shapes import SHAPES, make_shape
@@ -100,7 +101,9 @@ def evaluate_trace(
         )
         family = dict(zip(pinned, pinned_family(trace, slots, learn_steps, pinned), strict=True))
 
-        def priced(candidate: Candidate, label: str | None = None) -> PolicyRate:
+        def priced(
+            candidate: Candidate, label: str | None = None, family: dict[float, StepHits] = family, slots: int = slots
+        ) -> PolicyRate:
             if candidate.family == "pinned-lru":
                 hits = family[candidate.pinned_fraction or 0.0]
             else:
@@ -118,7 +121,8 @@ def evaluate_trace(
             )
 
         optimum = sum(
-            belady_hits(trace.routes[learn_steps:, index, :], slots, trace.experts) for index in range(len(trace.layers))
+            belady_hits(trace.routes[learn_steps:, index, :], slots, trace.experts)
+            for index in range(len(trace.layers))
         )
         baselines = [priced(LRU, "plain LRU"), priced(RECIPE, "recipe: 20% pinned")]
         if "exllamav3" in engines and slots < trace.experts:

@@ -37,7 +37,7 @@ ImportFormat = Literal["expert-records", "vllm-moe-log"]
 FormatChoice = Literal["auto", "expert-records", "vllm-moe-log"]
 IMPORT_FORMATS: tuple[ImportFormat, ...] = ("expert-records", "vllm-moe-log")
 _HINT = (
-    "glm53 plan trace import reads expert-records JSONL ({\"layer\", \"token_idx\", \"experts\", ...} per line) "
+    'glm53 plan trace import reads expert-records JSONL ({"layer", "token_idx", "experts", ...} per line) '
     'and vllm-moe-log JSONL ({"type": "meta", ...} then {"type": "route", ...}); see docs/plan.md'
 )
 
@@ -180,9 +180,7 @@ def import_trace(
     if count is None:
         count = largest + 1
     if largest >= count:
-        line_of = next(
-            number for step in steps.values() for number, ids in step.values() if max(ids) >= count
-        )
+        line_of = next(number for step in steps.values() for number, ids in step.values() if max(ids) >= count)
         raise _bad(path, line_of, f"expert id {largest} is not below the expert count {count} ({experts_source})")
     if top_k > count:
         raise BadInput(f"routing capture {path}: top-{top_k} of only {count} experts", hint=_HINT)

@@ -3,13 +3,16 @@
 # fixture, diagnose the CPU worker, compare GPU-only with CPU offload, then `glm53 serve` it through TabbyAPI
 # and measure it with `glm53 bench run`. Each stage writes its log and results under OUT.
 #
-#   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build fixture diag check serve
+#   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build fixture diag check serve routing
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
 # ARCH (default 9.0) is the CUDA architecture to build for; WORK (default /root/glm53-gpu) keeps the build and
 # the model; FIXTURE_TGZ (stage fixture-tgz) is a converted fixture from an earlier fixture stage. STYLE is the
 # bench's prompt style (random by default); SPLIT (default 8) the routed experts per layer served on the CPU.
+# Stage routing records ExLlamaV3's routing while it generates (OUT/routing/routing.npz, a glm53 trace) and
+# compares the placement its dynamic split reaches with glm53's replay of the same rule (OUT/routing/compare.json);
+# ROUTING_ARGS passes options to tools/exl3-routing-capture.py.
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -94,6 +97,17 @@ for stage in "$@"; do
     if kill -0 $server 2>/dev/null; then echo "server still running 60 s after SIGTERM"; kill -KILL $server; fi
     wait $server; echo "server rc=$? after $(( $(date +%s) - stop )) s"
     pgrep -af "tabby/main.py|exllamav3" || echo "no process left"
+    ;;
+  routing)
+    stamp routing
+    timeout ${ROUTING_TIMEOUT:-420} python3 "$root/tools/exl3-routing-capture.py" --model "$model" --out "$out/routing" \
+      --split "${SPLIT:-8}" ${ROUTING_ARGS:-} >"$out/routing.log" 2>&1
+    echo "routing rc=$?"; tail -4 "$out/routing.log"
+    if [ -f "$out/routing/routing.npz" ]; then
+      glm53 plan simulate --traces "$out/routing/routing.npz" --budgets 0.5,0.75 --learn-fraction 0.3 --drift none \
+        --out "$out/routing/simulate.json" >"$out/routing/simulate.txt" 2>&1; echo "simulate rc=$?"
+      tail -25 "$out/routing/simulate.txt"
+    fi
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

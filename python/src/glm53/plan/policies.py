@@ -45,6 +45,8 @@ class StepHits:
     hits: NDArray[np.int16]
     sweep_steps: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     swaps: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # ExLlamaV3's split: cpu[layer, expert] after the last step (the placement the engine would hold).
+    final_cpu: NDArray[np.bool_] | None = None
 
     def total(self, start: int = 0, stop: int | None = None) -> int:
         return int(self.hits[start:stop].sum(dtype=np.int64))
@@ -168,6 +170,7 @@ def exl3_dynamic(
     max_swaps: int = SWAP_MAX,
     generation: int | None = None,
     start_cpu: NDArray[np.bool_] | None = None,
+    sweeps: Sequence[int] | None = None,
 ) -> StepHits:
     """ExLlamaV3 1.4.6's dynamic CPU split, replayed over (steps, layers, top_k).
 
@@ -180,6 +183,9 @@ def exl3_dynamic(
     and the sweep's swaps stay under `max_swaps`; a layer's counts halve after its turn, and once the budget is
     spent the later layers get no turn (and keep their counts undecayed). A placement change therefore never
     follows a single miss; a CPU-resident expert is computed on the CPU until a sweep promotes it.
+
+    `sweeps` replaces the trigger with the steps before which sweeps ran (a capture's record of them, which
+    also counts prompt tokens one per step: the engine counts every routed token, prefill included).
     """
     steps, layers, _ = routes.shape
     split = np.asarray(cpu_experts, dtype=np.int64)
@@ -193,7 +199,8 @@ def exl3_dynamic(
     swap_counts: list[int] = []
     split_layers = [index for index in range(layers) if 0 < split[index] < experts]
     position = 0
-    for point, _inline in [*_sweep_points(steps, interval, generation), (steps, False)]:
+    points = _sweep_points(steps, interval, generation) if sweeps is None else [(int(p), False) for p in sweeps]
+    for point, _inline in [*points, (steps, False)]:
         block = routes[position:point]
         if len(block):
             hits[position:point] = (~cpu[np.arange(layers)[None, :, None], block]).sum(axis=2)
@@ -226,7 +233,7 @@ def exl3_dynamic(
             hist[index] *= 0.5
         sweep_steps.append(point)
         swap_counts.append(made)
-    return StepHits(hits, np.array(sweep_steps, dtype=np.int64), np.array(swap_counts, dtype=np.int64))
+    return StepHits(hits, np.array(sweep_steps, dtype=np.int64), np.array(swap_counts, dtype=np.int64), cpu)
 
 
 def decayed_frequency(

@@ -145,6 +145,10 @@ def main() -> int:
         print(f"job {job_index}: {routed_tokens()} tokens routed, {len(sweeps)} sweeps so far", flush=True)
     torch.cuda.synchronize()
 
+    # Modules that never ran (an MTP block's, which plain generation does not call) carry no routing.
+    most = max(len(calls[m.key]) for m in modules)
+    modules = [m for m in modules if len(calls[m.key]) == most]
+    split = [m for m in split if m in modules]
     layers = [int(m.key.split(".layers.")[1].split(".")[0]) for m in modules]
     per_call = [[t.cpu().numpy() for t in calls[m.key]] for m in modules]
     sizes = np.array([c.shape[0] for c in per_call[0]], dtype=np.int64)

@@ -14,7 +14,8 @@ Two JSONL forms are read, told apart by their first record (`--format` forces on
 
 A step is one token of one sequence: records are grouped by (sequence, token), sequences in the order they
 first appear, tokens in index order; every step must have every layer the capture has, exactly once
-(`drop_incomplete` drops the steps that do not, and says how many). Expert ids are strict integers, distinct
+(`drop_incomplete` drops the steps that do not, and says how many); `skip_steps` leaves out the first steps (a
+capture's warm-up or profiling run). Expert ids are strict integers, distinct
 within a record, below the expert count (the meta record's, `experts`, or else the largest id + 1, which the
 result says was inferred). Every problem names its line.
 """
@@ -50,6 +51,7 @@ class ImportedTrace(BaseModel):
     sequences: int
     steps: int
     dropped_steps: int
+    skipped_steps: int = 0
     layers: list[int]
     experts: int
     experts_source: str
@@ -118,6 +120,7 @@ def import_trace(
     source_format: FormatChoice = "auto",
     experts: int | None = None,
     drop_incomplete: bool = False,
+    skip_steps: int = 0,
 ) -> ImportedTrace:
     path = Path(path)
     data = read_bytes_bounded(path, what="routing capture", max_bytes=MAX_TRACE_BYTES)
@@ -197,8 +200,11 @@ def import_trace(
             f"token {key[1]} of sequence {key[0] + 1} has no record for layer(s) {_short(missing)} "
             f"({dropped} of {len(steps)} steps are incomplete); --drop-incomplete leaves them out",
         )
-    if not complete:
-        raise BadInput(f"routing capture {path}: no token has every layer", hint=_HINT)
+    if skip_steps >= len(complete):
+        raise BadInput(
+            f"routing capture {path}: skipping {skip_steps:,} steps leaves none of its {len(complete):,}", hint=_HINT
+        )
+    complete = complete[skip_steps:]
     routes = np.array([[steps[key][layer][1] for layer in layers] for key in complete], dtype=np.int16)
     return ImportedTrace(
         source_format=chosen,
@@ -206,6 +212,7 @@ def import_trace(
         sequences=len(sequence_order),
         steps=len(complete),
         dropped_steps=dropped,
+        skipped_steps=skip_steps,
         layers=layers,
         experts=count,
         experts_source=experts_source,

@@ -9,11 +9,11 @@ worst seed of each engine against LRU and the targets:
     every engine: on the stationary shape at 17%, at least the recipe + 4 points (each seed)
     the best family an engine runs: on average at least 35% of the LRU-to-MIN gap closed
 
-    python benchmarks/bench_plan_targets.py [--steps 8000] [--layers 12] [--seeds 0-4] [--shapes a,b] [--json F]
+    python benchmarks/bench_plan_targets.py [--steps 6000] [--layers 8] [--seeds 0-4] [--shapes a,b] [--json F]
 
 Each row is `glm53 plan trace synth --shape NAME --seed N` (with --steps and --layers) recommended on
-its learning part by `glm53.plan.recommend.recommend`. The default size (12 MoE layers x 8,000 steps) keeps
-the whole table to well under an hour on two busy cores; --layers 42 --steps 20000 is GLM-5.3-Flash's shape.
+its learning part by `glm53.plan.recommend.recommend`. The default size (8 MoE layers x 6,000 steps) keeps
+the whole table to about 20 minutes on two busy cores; --layers 42 --steps 20000 is GLM-5.3-Flash's shape.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def table(rows: list[TargetRow], console: Console) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8000)
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=6000)
+    parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--seeds", default="0-4")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--json", help="also write every row here")

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.plan.comparison import parse_budgets
-from glm53.plan.targets import evaluate_trace
+from glm53.plan.targets import PolicyRate, evaluate_trace
 from glm53.plan.traces import read_trace
 
 
@@ -38,15 +38,16 @@ def main() -> int:
         for row in rows:
             slots = max(trace.top_k, round(row.fraction * trace.experts))
 
-            def cell(engine: str, rates: list) -> str:  # type: ignore[type-arg]
+            def cell(engine: str, rates: list[PolicyRate], lru: float = row.lru) -> str:
                 found = [r for r in rates if r.engine == engine]
                 if not found:
                     return "-"
-                return f"{100 * found[0].hit_rate:.2f} ({100 * (found[0].hit_rate - row.lru):+.2f})"
+                return f"{100 * found[0].hit_rate:.2f} ({100 * (found[0].hit_rate - lru):+.2f})"
 
             default = [r for r in row.baselines if r.engine == "exllamav3"]
             table.add_row(
-                f"{path.name} ({len(trace.layers)} layers, {trace.steps:,} steps, top-{trace.top_k} of {trace.experts})",
+                f"{path.name} ({len(trace.layers)} layers, {trace.steps:,} steps, "
+                f"top-{trace.top_k} of {trace.experts})",
                 f"{slots}/{trace.experts}",
                 f"{100 * row.lru:.2f}",
                 f"{100 * row.recipe:.2f} ({100 * (row.recipe - row.lru):+.2f})",

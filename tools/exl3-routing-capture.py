@@ -205,7 +205,7 @@ def main() -> int:
         "forward_calls": len(sizes),
         "sweeps": len(sweeps),
         "engine_swaps": int(sum(s for _, s in sweeps)),
-        "replay_swaps": int(replay.swaps.sum()),
+        "replay_swaps": replay.swaps_between(0),
         "layers_split": len(split),
         "layers_agreeing": sum(row["agree"] for row in rows),
         "layers": rows,

@@ -26,16 +26,23 @@ and the CPU pool at `CPU_KERNEL_EFFICIENCY` of the host's, the same assumptions 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 
 from glm53.plan.checkpoint_facts import ModelFacts
-from glm53.plan.cost_model import ASSUMED_GPU_MEMORY_BANDWIDTH, ASSUMED_HOST_TO_DEVICE, TP_ALLREDUCE_SECONDS
+from glm53.plan.cost_model import (
+    ASSUMED_GPU_MEMORY_BANDWIDTH,
+    ASSUMED_HOST_TO_DEVICE,
+    TP_ALLREDUCE_SECONDS,
+    build_cost_model,
+)
 from glm53.plan.exl3 import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
 from glm53.plan.kv_budget import KvDerivation
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 MissPath = Literal["copy", "copy-overlap", "cpu", "cpu+pcie"]
 MISS_PATHS: tuple[MissPath, ...] = ("copy", "copy-overlap", "cpu", "cpu+pcie")
@@ -66,6 +73,8 @@ class StepCost(BaseModel):
 
     def layer_seconds(self, hits: NDArray[np.integer]) -> NDArray[np.float64]:
         """Seconds of each (step, layer) MoE part for its hit count."""
+        import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
         hits = np.asarray(hits, dtype=np.float64)
         result: NDArray[np.float64]
         misses = self.top_k - hits
@@ -92,6 +101,8 @@ class StepCost(BaseModel):
 
     def at_hit_rate(self, hit_rate: float) -> float:
         """Tokens/s when every layer of every step hits `hit_rate` of its experts (no bunching)."""
+        import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
         hits = np.full((1, self.layers), hit_rate * self.top_k)
         return self.tokens_per_s(hits)
 
@@ -213,7 +224,7 @@ def compare_with_recipe(
 ) -> RecipeComparison:
     """Prediction beside publication at the recipe's contexts, for every miss path, from a replay's
     (steps, layers) hit counts of the recipe's policy at its budget."""
-    from glm53.plan.cost_model import build_cost_model
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 
     hit_rate = float(np.asarray(hits).mean() / model.num_experts_per_tok)
     rows = []

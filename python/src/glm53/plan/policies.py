@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-
-import numpy as np
-from numpy.typing import NDArray
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from glm53.plan.miss_ratio import last_use_before_step
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 # ExLlamaV3's dynamic placement defaults (block_sparse_mlp_cpu.py: EXL3_MOE_CPU_SWAP_INTERVAL, _HYST, _FLOOR, _MAX).
 SWAP_INTERVAL = 128
@@ -43,15 +45,19 @@ class StepHits:
     `sweep_steps[i]` (ExLlamaV3's dynamic placement only)."""
 
     hits: NDArray[np.int16]
-    sweep_steps: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    swaps: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    sweep_steps: NDArray[np.int64] | None = None  # None: no sweeps
+    swaps: NDArray[np.int64] | None = None
     # ExLlamaV3's split: cpu[layer, expert] after the last step (the placement the engine would hold).
     final_cpu: NDArray[np.bool_] | None = None
 
     def total(self, start: int = 0, stop: int | None = None) -> int:
+        import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
         return int(self.hits[start:stop].sum(dtype=np.int64))
 
     def swaps_between(self, start: int, stop: int | None = None) -> int:
+        if self.swaps is None or self.sweep_steps is None:
+            return 0
         end = len(self.hits) if stop is None else stop
         return int(self.swaps[(self.sweep_steps >= start) & (self.sweep_steps < end)].sum())
 
@@ -64,6 +70,8 @@ def pinned_lru_masks(
     An unpinned access hits when fewer than `window` unpinned experts were used since its previous use: the
     experts used since then, minus those among the pinned ranks.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, top_k = routes.shape
     rank_of = np.empty(experts, dtype=np.int64)
     rank_of[ranking] = np.arange(experts)
@@ -103,6 +111,8 @@ def pinned_lru_step_hits(
 ) -> StepHits:
     """The recipe engine's cache over (steps, layers, top_k): per layer `pinned[l]` experts by `rankings[l]`
     (hottest first) resident for good, the other `window[l]` slots LRU."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, layers, _ = routes.shape
     hits = np.zeros((steps, layers), dtype=np.int16)
     for index in range(layers):
@@ -115,6 +125,8 @@ def pinned_lru_step_hits(
 
 def exl3_static(routes: NDArray[np.integer], experts: int, cpu: NDArray[np.bool_]) -> StepHits:
     """A fixed placement: cpu[layer, expert] True where the expert lives on the CPU worker."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     layers = routes.shape[1]
     on_gpu = ~cpu[np.arange(layers)[None, :, None], routes]
     return StepHits(on_gpu.sum(axis=2).astype(np.int16))
@@ -125,6 +137,8 @@ def static_cpu_mask(
 ) -> NDArray[np.bool_]:
     """ExLlamaV3's static split (`load_cpu_split`): each layer's experts ordered by count, hottest first, by a
     stable sort on -count (among equal counts the lower id stays on the GPU), and the last k on the CPU."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     layers, experts = counts.shape
     cpu = np.zeros((layers, experts), dtype=bool)
     for index in range(layers):
@@ -187,6 +201,8 @@ def exl3_dynamic(
     `sweeps` replaces the trigger with the steps before which sweeps ran (a capture's record of them, which
     also counts prompt tokens one per step: the engine counts every routed token, prefill included).
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, layers, _ = routes.shape
     split = np.asarray(cpu_experts, dtype=np.int64)
     start = np.arange(experts)[None, :] >= (experts - split)[:, None]
@@ -257,13 +273,15 @@ def decayed_frequency(
     numpy; None picks the loop when numba is there, else numpy (faster than uncompiled loops). Both give the
     same hits.
     """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, layers, _ = routes.shape
     capacity = np.broadcast_to(np.asarray(slots, dtype=np.int64), (layers,)).copy()
     window = np.broadcast_to(np.asarray(recent, dtype=np.int64), (layers,)).copy()
     rate = np.full(layers, 2.0 ** (1.0 / half_life))
     hits = np.zeros((steps, layers), dtype=np.int16)
     if compiled() if loop is None else loop:
-        _kernel()(np.ascontiguousarray(routes, dtype=np.int64), experts, capacity, window, rate[:1], 1.0, hits)
+        _run_kernel(routes, experts, capacity, window, rate[:1], 1.0, hits)
     else:
         _decayed_frequency_numpy(routes, experts, capacity, window, rate, hits)
     return StepHits(hits)
@@ -283,8 +301,17 @@ def _frequency_loop(
     rates: NDArray[np.float64],
     horizon: float,
     hits: NDArray[np.int16],
+    score: NDArray[np.float64],
+    growth: NDArray[np.float64],
+    last: NDArray[np.int64],
+    resident: NDArray[np.bool_],
+    table: NDArray[np.int64],
+    held: NDArray[np.int64],
+    merit: NDArray[np.float64],
+    found: NDArray[np.int64],
 ) -> None:
-    """The rule of `decayed_frequency`, one layer at a time, in loops numba compiles.
+    """The rule of `decayed_frequency`, one layer at a time, in loops numba compiles (the scratch arrays come
+    allocated by `_run_kernel` and are reset here for each layer, so the loop needs no numpy of its own).
 
     With one rate it is that cache. With several, each rate runs a shadow cache of its own and the served
     cache evicts by the counts of whichever shadow hit most lately (hits decayed by half every `horizon`
@@ -295,14 +322,17 @@ def _frequency_loop(
     served = caches - 1
     keep = 2.0 ** (-1.0 / horizon)
     for layer in range(layers):
-        score = np.zeros((shadows, experts), dtype=np.float64)
-        growth = np.ones(shadows, dtype=np.float64)
-        last = np.full(experts, -(1 << 40), dtype=np.int64)
-        resident = np.zeros((caches, experts), dtype=np.bool_)
-        table = np.zeros((caches, capacity[layer] + top_k), dtype=np.int64)
-        held = np.zeros(caches, dtype=np.int64)
-        merit = np.zeros(shadows, dtype=np.float64)
-        found = np.zeros(caches, dtype=np.int64)
+        for g in range(shadows):
+            growth[g] = 1.0
+            merit[g] = 0.0
+            for expert in range(experts):
+                score[g, expert] = 0.0
+        for expert in range(experts):
+            last[expert] = -(1 << 40)
+        for cache in range(caches):
+            held[cache] = 0
+            for expert in range(experts):
+                resident[cache, expert] = False
         leader = 0
         for step in range(steps):
             for cache in range(caches):
@@ -365,6 +395,8 @@ def _decayed_frequency_numpy(
 ) -> None:
     """The same rule vectorised over layers: each layer's slots are a row of expert ids (`experts` marks an
     empty slot, priority -inf), and a step ranks only that row and the step's own new experts."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, layers, top_k = routes.shape
     width = int(capacity.max())
     empty = experts
@@ -409,7 +441,7 @@ def _kernel() -> Callable[..., None]:
     plain Python loop without numba: the same hits, about 100x slower."""
     if not _KERNEL:
         try:
-            import numba
+            import numba  # optional: compiles the frequency caches; without it they run as plain Python
         except ImportError:
             _KERNEL.append(_frequency_loop)
         else:
@@ -437,13 +469,49 @@ def adaptive_frequency(
     """Decayed frequency with a self-tuned half-life: one shadow cache per half-life, and the served cache
     evicts by the counts of the shadow that hit most over the last `horizon` steps or so (hits decayed by half
     every `horizon` steps). Stationary traffic drifts it to long half-lives; shifting traffic to short ones."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps, layers, _ = routes.shape
     capacity = np.broadcast_to(np.asarray(slots, dtype=np.int64), (layers,)).copy()
     window = np.broadcast_to(np.asarray(recent, dtype=np.int64), (layers,)).copy()
     rates = 2.0 ** (1.0 / np.asarray(half_lives, dtype=np.float64))
     hits = np.zeros((steps, layers), dtype=np.int16)
-    _kernel()(np.ascontiguousarray(routes, dtype=np.int64), experts, capacity, window, rates, float(horizon), hits)
+    _run_kernel(routes, experts, capacity, window, rates, float(horizon), hits)
     return StepHits(hits)
+
+
+def _run_kernel(
+    routes: NDArray[np.integer],
+    experts: int,
+    capacity: NDArray[np.int64],
+    window: NDArray[np.int64],
+    rates: NDArray[np.float64],
+    horizon: float,
+    hits: NDArray[np.int16],
+) -> None:
+    """`_kernel()` with its scratch arrays."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    top_k = routes.shape[2]
+    shadows = len(rates)
+    caches = shadows + 1 if shadows > 1 else 1
+    _kernel()(
+        np.ascontiguousarray(routes, dtype=np.int64),
+        experts,
+        capacity,
+        window,
+        rates,
+        horizon,
+        hits,
+        np.zeros((shadows, experts)),
+        np.ones(shadows),
+        np.zeros(experts, dtype=np.int64),
+        np.zeros((caches, experts), dtype=np.bool_),
+        np.zeros((caches, int(capacity.max()) + top_k), dtype=np.int64),
+        np.zeros(caches, dtype=np.int64),
+        np.zeros(shadows),
+        np.zeros(caches, dtype=np.int64),
+    )
 
 
 __all__ = [

@@ -22,10 +22,8 @@ recipe's engine is never recommended anything that loses to LRU on these scenari
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict
 
 from glm53.plan.miss_ratio import rank_experts
@@ -43,7 +41,12 @@ from glm53.plan.policies import (
     pinned_lru_masks,
     static_cpu_mask,
 )
+from glm53.plan.trace_shapes import stress_scenarios
 from glm53.plan.traces import RoutingTrace
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 Engine = Literal["vllm", "exllamav3", "proposed"]
 Family = Literal["pinned-lru", "exl3-static", "exl3-dynamic", "decayed-frequency", "adaptive-frequency"]
@@ -156,6 +159,8 @@ def candidates(engine: Engine) -> list[Candidate]:
 def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: int) -> StepHits:
     """`candidate` over the whole trace with `slots` GPU experts per layer; what needs statistics (rankings,
     a stats file) learns them on the first `learn_steps` steps only."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     experts, layers = trace.experts, len(trace.layers)
     if candidate.family == "adaptive-frequency":
         return adaptive_frequency(trace.routes, experts, [slots] * layers, recent=candidate.recent or 1)
@@ -185,6 +190,8 @@ def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: i
 
 def pinned_family(trace: RoutingTrace, slots: int, learn_steps: int, fractions: Sequence[float]) -> list[StepHits]:
     """Pinned LRU at several pinned shares in one pass per layer (the stack distances are shared)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     experts, layers = trace.experts, len(trace.layers)
     counts = learned_counts(trace, learn_steps)
     splits = [(round(p * slots), slots - round(p * slots)) for p in fractions]
@@ -267,7 +274,7 @@ def recommend(
     docstring). The scenarios split at `learn_steps` (default the midpoint): the steps before learn, the rest
     is scored, and the stress scenarios change from there. The proposal is left out where numba is missing
     (its uncompiled loops would take minutes)."""
-    from glm53.plan.trace_shapes import stress_scenarios
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 
     picked = layer_sample(len(trace.layers), layer_limit)
     sample = subset(trace, picked)

@@ -16,8 +16,8 @@ LRU-to-MIN gap over the shapes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from glm53.plan.engine_cost import StepCost
@@ -26,6 +26,9 @@ from glm53.plan.recommend import EXL3_DEFAULT, LRU, RECIPE, Candidate, Engine, p
 from glm53.plan.simulate import belady_hits
 from glm53.plan.trace_shapes import SHAPES, make_shape
 from glm53.plan.traces import RoutingTrace
+
+if TYPE_CHECKING:
+    pass
 
 BELOW_LRU = 0.0025
 OVER_RECIPE = 0.04
@@ -154,6 +157,8 @@ class TargetCheck(BaseModel):
 
 def check_targets(rows: Sequence[TargetRow], engines: Sequence[Engine] = ENGINES) -> list[TargetCheck]:
     """The three targets per engine over the rows given (any shapes, seeds and budgets)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     checks = []
     for engine in engines:
         worst = min(rows, key=lambda row: row.rate(engine) - row.lru)

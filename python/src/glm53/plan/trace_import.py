@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
-
-import numpy as np
-from pydantic import BaseModel, ConfigDict
+from typing import TYPE_CHECKING, Any, Literal
 
 from glm53.errors import BadInput
 from glm53.fsutil import parse_json, read_bytes_bounded
 from glm53.plan.traces import MAX_EXPERTS, MAX_LAYER_ID, MAX_TRACE_BYTES, TRACE_FORMAT, RoutingTrace
+
+if TYPE_CHECKING:
+    pass
 
 ImportFormat = Literal["expert-records", "vllm-moe-log"]
 FormatChoice = Literal["auto", "expert-records", "vllm-moe-log"]
@@ -43,20 +44,23 @@ _HINT = (
 )
 
 
-class ImportedTrace(BaseModel):
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
+@dataclass(frozen=True)
+class ImportedTrace:
     source_format: ImportFormat
     records: int
     sequences: int
     steps: int
     dropped_steps: int
-    skipped_steps: int = 0
+    skipped_steps: int
     layers: list[int]
     experts: int
     experts_source: str
     top_k: int
     trace: RoutingTrace
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the routes, for --json."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
 
 
 def _bad(path: Path, line: int, problem: str) -> BadInput:
@@ -122,6 +126,8 @@ def import_trace(
     drop_incomplete: bool = False,
     skip_steps: int = 0,
 ) -> ImportedTrace:
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     path = Path(path)
     data = read_bytes_bounded(path, what="routing capture", max_bytes=MAX_TRACE_BYTES)
     lines = list(_lines(data))

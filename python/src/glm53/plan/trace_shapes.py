@@ -22,13 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING
 
 from glm53.errors import BadInput
 from glm53.plan.miss_ratio import rank_experts
 from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, drift_trace, synthesize_trace
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 TENANT_BLOCK = 500
 BURST_MEAN = 400
@@ -64,6 +66,8 @@ SHAPES: dict[str, TraceShape] = {
 
 def relabel_blocks(trace: RoutingTrace, labels: NDArray[np.int64], maps: NDArray[np.int64]) -> RoutingTrace:
     """Step t's ids of layer l pass through maps[labels[t], l]: a per-step choice among relabellings."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     routes = trace.routes.astype(np.int64)
     layer_index = np.arange(len(trace.layers))[None, :, None]
     out = maps[labels[:, None, None], layer_index, routes]
@@ -72,6 +76,8 @@ def relabel_blocks(trace: RoutingTrace, labels: NDArray[np.int64], maps: NDArray
 
 def _permutations(trace: RoutingTrace, count: int, seed: int) -> NDArray[np.int64]:
     """`count` relabellings per layer: the first the identity, the others unrelated (full re-permutations)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     rng = np.random.default_rng([seed, 0x7E7A])
     layers, experts = len(trace.layers), trace.experts
     maps = np.empty((count, layers, experts), dtype=np.int64)
@@ -83,6 +89,8 @@ def _permutations(trace: RoutingTrace, count: int, seed: int) -> NDArray[np.int6
 
 def tenants(trace: RoutingTrace, block: int = TENANT_BLOCK, seed: int = 0, start: int = 0) -> RoutingTrace:
     """Two tenants with unrelated popularity alternating every `block` steps (from step `start` on)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     steps = np.arange(trace.steps)
     labels = np.where(steps < start, 0, ((steps - start) // block) % 2)
     return relabel_blocks(trace, labels, _permutations(trace, 2, seed))
@@ -93,6 +101,8 @@ def bursty(
 ) -> RoutingTrace:
     """Sessions of one topic each (one of `topics` unrelated popularities, a topic may come back), lengths
     drawn exponential with mean `mean` steps; steps before `start` keep the first topic."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     rng = np.random.default_rng([seed, 0xB0257])
     labels = np.zeros(trace.steps, dtype=np.int64)
     position, topic = start, 0
@@ -108,6 +118,8 @@ def rotation(trace: RoutingTrace, period: int | None = None, start: int = 0) -> 
     """The ranking slides: from step `start` on, every `period` steps (default steps / experts: one full turn
     over the trace) each rank's draws pass to the expert one place further down the trace's own ranking, so
     the coldest expert becomes the hottest and every other one steps down one rank."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     period = max(1, trace.steps // trace.experts) if period is None else period
     routes = trace.routes.astype(np.int64)
     out = routes.copy()
@@ -123,6 +135,8 @@ def rotation(trace: RoutingTrace, period: int | None = None, start: int = 0) -> 
 def correlate_layers(trace: RoutingTrace, probability: float = CORRELATION, seed: int = 0) -> RoutingTrace:
     """Each slot of layer l + 1 repeats a fixed image (per layer pair, a random permutation) of layer l's
     expert in that slot with `probability`; a repeat that collides with the step's other ids is dropped."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     rng = np.random.default_rng([seed, 0xC0AA])
     routes = trace.routes.astype(np.int64)
     for index in range(1, len(trace.layers)):
@@ -136,6 +150,8 @@ def correlate_layers(trace: RoutingTrace, probability: float = CORRELATION, seed
 def _distinct(proposed: NDArray[np.int64], own: NDArray[np.int64]) -> NDArray[np.int64]:
     """Where a step's proposed ids repeat, the later slot falls back to the layer's own draw at the first
     slot whose own id is not yet used (own ids are distinct, so one always remains)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
     out = proposed.copy()
     top_k = out.shape[1]
     for slot in range(1, top_k):

@@ -36,7 +36,8 @@ def table(rows: list[TargetRow], console: Console) -> None:
     out = Table(
         title="Held-out hit rate (%), mean over seeds; engines: recommended setting (worst seed vs LRU, points)"
     )
-    for column in ("shape", "budget", "LRU", "recipe", "vllm", "exllamav3", "proposed", "MIN", "gap closed"):
+    columns = ("shape", "budget", "LRU", "recipe", "exl3 default", "vllm", "exllamav3", "proposed", "MIN", "gap closed")
+    for column in columns:
         out.add_column(column, justify="left" if column == "shape" else "right")
     shapes = list(dict.fromkeys(row.shape for row in rows))
     fractions = sorted({row.fraction for row in rows})
@@ -55,6 +56,8 @@ def table(rows: list[TargetRow], console: Console) -> None:
                 mean([r.lru for r in group]),
                 mean([r.recipe for r in group]),
             ]
+            defaults = [[b.hit_rate for b in r.baselines if b.engine == "exllamav3"] for r in group]
+            cells.append(mean([d[0] for d in defaults]) if all(defaults) else "-")
             for engine in ENGINES:
                 worst = min(r.rate(engine) - r.lru for r in group)
                 cells.append(f"{mean([r.rate(engine) for r in group])} ({100 * worst:+.2f})")

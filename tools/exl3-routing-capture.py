@@ -156,6 +156,13 @@ def main() -> int:
     decode_calls = [i for i, size in enumerate(sizes.tolist()) if size == 1]
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     decode = routes[starts[decode_calls]]
+    if len(decode_calls) < args.jobs * args.new // 2:
+        # A decode step replayed from a captured CUDA graph would not call the Python routing_fn.
+        print(
+            f"warning: {len(decode_calls)} single-token calls recorded for {args.jobs} x {args.new} generated "
+            "tokens: routing_fn did not run for every decode step",
+            flush=True,
+        )
     experts = int(modules[0].num_experts)
     top_k = int(routes.shape[2])
     header = {"format": "glm53-routing-trace", "version": 1, "layers": layers, "experts": experts, "top_k": top_k}

@@ -14,9 +14,10 @@ Candidates, each replayed by `policies` at the same GPU budget (a share of every
     proposed    decayed frequency   recent steps kept, count half-life           no (see NEEDS)
 
 Each candidate is scored on every scenario by its hit rate minus plain LRU's there (the baseline that cannot
-be misled by a ranking). The choice is robust first: among the candidates whose worst scenario is within
-`TOLERANCE` of the best worst case, the one with the best mean. Plain LRU is a vllm candidate, so the
-recipe's engine is never recommended anything that loses to LRU on these scenarios by more than that.
+be misled by a ranking). The choice is robust first (`choose`): among the candidates whose worst scenario is
+within `TOLERANCE` of the best worst case, the one with the best mean; where no candidate comes within a
+quarter point of LRU on every scenario (ExLlamaV3's), the least maximum regret. Plain LRU is a vllm candidate,
+so the recipe's engine is never recommended anything that loses to LRU on these scenarios by more than that.
 """
 
 from __future__ import annotations
@@ -54,9 +55,13 @@ Family = Literal["pinned-lru", "exl3-static", "exl3-dynamic", "decayed-frequency
 # Among candidates whose worst scenario is within this share of the accesses of the best worst case, the best
 # mean wins: robustness first, then the average.
 TOLERANCE = 0.001
+# Plain LRU's margin: a setting within it of LRU on every scenario is as safe as LRU (the target's 0.25 points).
+LRU_GUARD = 0.0025
 # Layers replayed when choosing (spread evenly over the trace's): the choice is one setting for all layers,
 # and a dozen layers estimate it as well as all of them at a fraction of the time.
 CHOICE_LAYERS = 12
+# Steps of warm-up before a scenario's learning part: 4 sweeps of the slowest dynamic-split candidate.
+WARM_UP_STEPS = 2048
 
 NEEDS = {
     "vllm": "the recipe's engine keeps an LRU order per layer; it would need a decayed count per expert (one "
@@ -156,9 +161,13 @@ def candidates(engine: Engine) -> list[Candidate]:
     return [Candidate(engine="proposed", family="adaptive-frequency", recent=1), *fixed]
 
 
-def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: int) -> StepHits:
+def replay(
+    candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: int, *, layer_share: float = 1.0
+) -> StepHits:
     """`candidate` over the whole trace with `slots` GPU experts per layer; what needs statistics (rankings,
-    a stats file) learns them on the first `learn_steps` steps only."""
+    a stats file) learns them on the first `learn_steps` steps only. `layer_share`: the share of the model's
+    layers the trace holds; ExLlamaV3's swap cap is one budget for a sweep over every layer, so a sample of
+    the layers gets that share of it."""
     import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 
     experts, layers = trace.experts, len(trace.layers)
@@ -180,7 +189,7 @@ def replay(candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: i
             interval=candidate.interval or SWAP_INTERVAL,
             hysteresis=candidate.hysteresis if candidate.hysteresis is not None else SWAP_HYSTERESIS,
             floor=candidate.floor if candidate.floor is not None else SWAP_FLOOR,
-            max_swaps=candidate.max_swaps or SWAP_MAX,
+            max_swaps=max(1, round((candidate.max_swaps or SWAP_MAX) * layer_share)),
         )
     counts = learned_counts(trace, learn_steps)
     if candidate.family == "exl3-static":
@@ -249,6 +258,38 @@ class Recommendation(BaseModel):
         return next(choice for choice in self.engines if choice.engine == name)
 
 
+def choose(gains: list[list[float]]) -> int:
+    """The index of the robust choice among candidates' gains over plain LRU, one list per candidate (one
+    value per scenario).
+
+    Where some candidate stays within `LRU_GUARD` of LRU on every scenario: among the candidates whose worst
+    scenario is within `TOLERANCE` of the best worst case, the best mean. Where none can (ExLlamaV3's split
+    cannot keep an expert for the next step's repeat, so every setting is far below LRU somewhere), the worst
+    case says little (every setting is about as bad on a sliding ranking): the least maximum regret, the
+    distance to the best candidate of each scenario, then the best mean."""
+    worst = [min(values) for values in gains]
+    means = [sum(values) / len(values) for values in gains]
+    if max(worst) >= -LRU_GUARD:
+        eligible = [i for i, value in enumerate(worst) if value >= max(worst) - TOLERANCE]
+        return max(eligible, key=lambda i: means[i])
+    best = [max(values[s] for values in gains) for s in range(len(gains[0]))]
+    regret = [max(b - v for b, v in zip(best, values, strict=True)) for values in gains]
+    eligible = [i for i, value in enumerate(regret) if value <= min(regret) + TOLERANCE]
+    return max(eligible, key=lambda i: means[i])
+
+
+def warmed(trace: RoutingTrace, learn_steps: int, steps: int = WARM_UP_STEPS) -> RoutingTrace:
+    """The trace after its own learning part repeated to at least `steps` steps: a placement that moves only at
+    sweeps (ExLlamaV3's, every 512 steps at the slowest candidate) is then scored where it has settled, as it
+    would be while serving, not while it still climbs out of its start; counts over the repeats rank experts
+    as the learning part alone does."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    repeats = -(-steps // learn_steps)
+    head = np.tile(trace.routes[:learn_steps], (repeats, 1, 1))
+    return RoutingTrace(trace.layers, trace.experts, trace.top_k, np.concatenate([head, trace.routes]))
+
+
 def layer_sample(layers: int, limit: int = CHOICE_LAYERS) -> list[int]:
     """Up to `limit` layer indices spread evenly over `layers`."""
     if layers <= limit:
@@ -274,31 +315,35 @@ def recommend(
     docstring). The scenarios split at `learn_steps` (default the midpoint): the steps before learn, the rest
     is scored, and the stress scenarios change from there. The proposal is left out where numba is missing
     (its uncompiled loops would take minutes)."""
-    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 
     picked = layer_sample(len(trace.layers), layer_limit)
     sample = subset(trace, picked)
     slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
     cut = sample.steps // 2 if learn_steps is None else min(max(1, learn_steps), sample.steps - 1)
-    scenarios = stress_scenarios(sample, seed, start=cut)
-    accesses = (sample.steps - cut) * len(picked) * sample.top_k
+    held_out = sample.steps - cut
+    accesses = held_out * len(picked) * sample.top_k
+    plain = stress_scenarios(sample, seed, start=cut)
     pools = {engine: candidates(engine) for engine in engines if engine != "proposed" or compiled()}
-    pinned = sorted({c.pinned_fraction or 0.0 for pool in pools.values() for c in pool if c.family == "pinned-lru"})
-    rates: dict[tuple[Candidate, str], float] = {}
-    lru: dict[str, float] = {}
-    for name, scenario in scenarios.items():
-        fractions = sorted({0.0, *pinned})
-        for p, hits in zip(fractions, pinned_family(scenario, slots, cut, fractions), strict=True):
-            rate = hits.total(cut) / accesses
-            if p == 0.0:
-                lru[name] = rate
-            rates[(Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p), name)] = rate
-        for pool in pools.values():
-            for candidate in pool:
-                if candidate.family != "pinned-lru":
-                    rates[(candidate, name)] = replay(candidate, scenario, slots, cut).total(cut) / accesses
     choices = []
     for engine, pool in pools.items():
+        # ExLlamaV3's placement moves only at sweeps: scored where it has settled (`warmed`); a cache settles
+        # within its slots' worth of misses, so the others keep the scenario as it is.
+        scenarios = {name: warmed(s, cut) for name, s in plain.items()} if engine == "exllamav3" else plain
+        start = scenarios["trace"].steps - held_out
+        fractions = sorted({0.0, *(c.pinned_fraction or 0.0 for c in pool if c.family == "pinned-lru")})
+        rates: dict[tuple[Candidate, str], float] = {}
+        lru: dict[str, float] = {}
+        for name, scenario in scenarios.items():
+            for p, hits in zip(fractions, pinned_family(scenario, slots, start, fractions), strict=True):
+                if p == 0.0:
+                    lru[name] = hits.total(start) / accesses
+                rates[(Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p), name)] = (
+                    hits.total(start) / accesses
+                )
+            for candidate in pool:
+                if candidate.family != "pinned-lru":
+                    hits = replay(candidate, scenario, slots, start, layer_share=len(picked) / len(trace.layers))
+                    rates[(candidate, name)] = hits.total(start) / accesses
         scored = [
             (
                 candidate,
@@ -309,20 +354,17 @@ def recommend(
             )
             for candidate in pool
         ]
-        worst = [min(row.gain for row in rows) for _, rows in scored]
-        best_worst = max(worst)
-        eligible = [i for i, value in enumerate(worst) if value >= best_worst - TOLERANCE]
-        means = [float(np.mean([row.gain for row in scored[i][1]])) for i in range(len(scored))]
-        chosen = max(eligible, key=lambda i: means[i])
+        chosen = choose([[row.gain for row in rows] for _, rows in scored])
         candidate, rows = scored[chosen]
+        gains = [row.gain for row in rows]
         choices.append(
             EngineChoice(
                 engine=engine,
                 choice=candidate,
                 label=candidate.label,
                 scores=rows,
-                worst_gain=worst[chosen],
-                mean_gain=means[chosen],
+                worst_gain=min(gains),
+                mean_gain=sum(gains) / len(gains),
                 considered=len(pool),
                 needs=NEEDS.get("vllm") if engine == "proposed" else None,
             )
@@ -333,7 +375,7 @@ def recommend(
         steps=trace.steps,
         learn_steps=cut,
         layers_replayed=[trace.layers[i] for i in picked],
-        scenarios=list(scenarios),
+        scenarios=list(plain),
         engines=choices,
     )
 
@@ -350,6 +392,7 @@ __all__ = [
     "Recommendation",
     "ScenarioScore",
     "candidates",
+    "choose",
     "layer_sample",
     "learned_counts",
     "pinned_family",

@@ -1,9 +1,9 @@
 """The targets table of `glm53 plan`'s recommendation: every trace shape at 8/17/33%, seeds 0-4.
 
 Per shape and budget, averaged over the seeds, the held-out hit rate of plain LRU, the recipe's policy (20% of
-uniform slots pinned), ExLlamaV3's defaults (dynamic split /128 x2 floor 8), each engine's recommended setting (learned on the shape's learning part with its stress
-scenarios), Belady's MIN with the same slots, and the share of the LRU-to-MIN gap the proposal closes; then the
-worst seed of each engine against LRU and the targets:
+uniform slots pinned), ExLlamaV3's defaults (dynamic split /128 x2 floor 8), each engine's recommended setting
+(learned on the shape's learning part with its stress scenarios), Belady's MIN with the same slots, and the
+share of the LRU-to-MIN gap the proposal closes; then the worst seed of each engine against LRU and the targets:
 
     every engine: its recommendation never more than 0.25 points below plain LRU
     every engine: on the stationary shape at 17%, at least the recipe + 4 points (each seed)

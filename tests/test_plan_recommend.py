@@ -93,7 +93,7 @@ def test_plan_stats_carries_the_recommendation_to_serve(
     assert code == 0
     rig = ["--gpu-memory", "24GiB,24GiB", "--host-root", str(HOSTS / "threadripper-5975wx-cgv2")]
     code, out, _ = run(
-        ["plan", *rig, "--stats", str(trace), "--out", str(tmp_path / "p"), "--json"], capsys, monkeypatch
+        ["plan", "host", *rig, "--stats", str(trace), "--out", str(tmp_path / "p"), "--json"], capsys, monkeypatch
     )
     assert code == 0
     plan = json.loads(out)

@@ -223,6 +223,10 @@ EXPECTED: dict[str, Expect] = {
     "glm53 plan host --rig recipe-2x3090 --stats t.jsonl --env > plan.env": Expect(0),
     "glm53 plan host --rig recipe-2x3090 --stats t.jsonl --out plan/": Expect(0, "plan.env"),
     "glm53 plan simulate t.jsonl --plots-dir plots/": Expect(0, "plots"),
+    "glm53 plan trace synth --shape bursty --seed 3 --steps 4000 --out b.npz": Expect(0, "wrote b.npz"),
+    "glm53 plan trace import capture.jsonl --out real.jsonl --drop-incomplete": Expect(
+        needs="elsewhere", why="needs a capture file; tests/test_plan_recommend.py imports captures of both forms"
+    ),
     "glm53 probe --json > probe.json": Expect(3, "no CUDA device", needs="hardware"),
     "glm53 plan host --bandwidth probe.json --stats t.jsonl --out /var/lib/glm53/plan": Expect(
         3, "no NVIDIA GPU found", needs="hardware"

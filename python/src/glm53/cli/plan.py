@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 from glm53.cli.app import App
 from glm53.cli.model_options import Flag, flag_name, flags_of, options_from
@@ -25,7 +26,7 @@ from glm53.host.rig import load_rig
 from glm53.host.topology import format_cpu_list
 from glm53.output import Output
 from glm53.plan.checkpoint_facts import model_facts
-from glm53.plan.comparison import compare_policies, parse_budgets, trace_cost_model
+from glm53.plan.comparison import add_engine_policies, compare_policies, parse_budgets, trace_cost_model
 from glm53.plan.env import RANKINGS_FILENAME, check_out_dir, env_lines, save_plan
 from glm53.plan.exl3 import plan_exl3_for_host
 from glm53.plan.exl3_save import PLACEMENT_LEARN_FRACTION, SPLIT_STATS_FILENAME, finish_exl3_plan
@@ -36,6 +37,8 @@ from glm53.plan.render import render_comparison, render_exl3_plan, render_plan, 
 from glm53.plan.rig import target_from_options
 from glm53.plan.shape import ServingShape, serving_shape
 from glm53.plan.sizes import gpus_from_sizes, parse_size
+from glm53.plan.trace_import import IMPORT_FORMATS, import_trace
+from glm53.plan.trace_shapes import SHAPES, make_shape
 from glm53.plan.trace_spec import SynthesizedTrace, SyntheticTraceSpec, format_shifts
 from glm53.plan.traces import (
     parse_layers,
@@ -53,7 +56,7 @@ plan_app = App(
     help="Plan GPU expert slots, KV, host pools and CPU sets; simulate cache policies on routing traces.",
     no_args_is_help=True,
 )
-trace_app = App(name="trace", help="Routing traces: make synthetic ones.", no_args_is_help=True)
+trace_app = App(name="trace", help="Routing traces: make synthetic ones, import real captures.", no_args_is_help=True)
 plan_app.add_typer(trace_app)
 
 
@@ -293,11 +296,21 @@ def simulate(
         ),
     ] = "0.5:1,0.15:1,0.5:0.5",
     drift_seed: Annotated[int, typer.Option("--drift-seed", min=0, help="Seed of the drift permutations.")] = 0,
+    engines: Annotated[
+        bool,
+        typer.Option(
+            "--engines/--no-engines",
+            help="Also replay the engines' own policies (defaults and recommended settings), priced as each "
+            "engine pays misses.",
+        ),
+    ] = True,
     out: Annotated[Path | None, typer.Option("--out", help="Write the report JSON here." + OUT_POLICY)] = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
-    """Replay a trace through uniform LRU, the recipe's 20%-pinned LRU, the planned split and Belady's MIN.
+    """Replay a trace through uniform LRU, the recipe's 20%-pinned LRU, the planned split and Belady's MIN,
+    then through each engine's own policies: the recipe's engine, ExLlamaV3's dynamic and static split, and a
+    proposed decayed-frequency cache, each at its recommended setting.
 
     Examples:
       glm53 plan simulate routing.jsonl --plots-dir plots/
@@ -328,6 +341,10 @@ def simulate(
             drift=scenarios,
             drift_seed=drift_seed,
         )
+    if engines:
+        with output.progress("engine policies") as bar:
+            bar.update("engine policies", 0, 1)
+            result = add_engine_policies(result, trace, seed=drift_seed)
     require_finite(result.model_dump(mode="json"), what="the simulation report")
     if out is not None:
         atomic_write_json(out, result.model_dump(mode="json"))
@@ -360,6 +377,13 @@ def synth(
     ],
     spec: SyntheticTraceSpec,
     counts: Annotated[Path | None, typer.Option("--counts", help="Also write the counts file here.")] = None,
+    shape: Annotated[
+        str | None,
+        typer.Option(
+            "--shape",
+            help="A named trace shape (" + ", ".join(SHAPES) + "); it sets locality, skew and drift itself.",
+        ),
+    ] = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
@@ -368,6 +392,7 @@ def synth(
     Examples:
       glm53 plan trace synth --out routing.jsonl --steps 20000 --locality 0.3
       glm53 plan trace synth --out drift.npz --shift 0.5:1 --seed 7
+      glm53 plan trace synth --out bursty.npz --shape bursty --seed 3
     """
 
     output = Output(json_mode=json_mode)
@@ -375,12 +400,84 @@ def synth(
         if path is not None and path.is_dir():
             raise BadInput(f"{flag} {path} is a directory", hint=f"give {flag} the path of the file to write")
     refuse_to_replace([out, *([counts] if counts is not None else [])], force=force)
-    trace = synthesize_trace(spec)
+    if shape is not None:
+        if shape not in SHAPES:
+            raise BadInput(f"--shape {shape!r} is not a trace shape", hint="one of: " + ", ".join(SHAPES))
+        trace = make_shape(
+            shape, seed=spec.seed, steps=spec.steps, layers=spec.layers, experts=spec.experts, top_k=spec.top_k
+        )
+    else:
+        trace = synthesize_trace(spec)
     write_trace(out, trace)
     if counts is not None:
         write_counts(counts, trace.to_counts())
-    summary = SynthesizedTrace(**spec.model_dump(), trace=str(out), counts=str(counts) if counts else None)
+    summary = SynthesizedTrace(**spec.model_dump(), trace=str(out), counts=str(counts) if counts else None, shape=shape)
     output.result(summary, lambda console: render_synthetic_trace(out, spec, console))
+
+
+@trace_app.command("import")
+def import_capture(
+    source: Annotated[
+        Path, typer.Argument(metavar="CAPTURE", help="A routing capture (JSONL): expert-records or vllm-moe-log.")
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="Trace file to write (JSONL; binary numpy if it ends in .npz)." + OUT_POLICY,
+            show_default=False,
+        ),
+    ],
+    source_format: Annotated[str, typer.Option("--format", help="auto, expert-records or vllm-moe-log.")] = "auto",
+    experts: Annotated[
+        int | None,
+        typer.Option(
+            "--experts", min=1, max=32767, help="Routed experts per layer (default: the capture's, else inferred)."
+        ),
+    ] = None,
+    drop_incomplete: Annotated[
+        bool, typer.Option("--drop-incomplete", help="Leave out tokens that lack a record for some layer.")
+    ] = False,
+    skip_steps: Annotated[
+        int, typer.Option("--skip-steps", min=0, help="Leave out the first steps (a warm-up or profiling run).")
+    ] = 0,
+    force: ForceOpt = False,
+    json_mode: JsonOpt = False,
+) -> None:
+    """Import a real MoE model's routing capture into a glm53 routing trace (docs/plan.md, "Real routing").
+
+    Examples:
+      glm53 plan trace import mixtral-gsm8k.jsonl --out mixtral.jsonl --drop-incomplete
+      glm53 plan trace import olmoe.jsonl --out olmoe.npz --skip-steps 2048
+    """
+    output = Output(json_mode=json_mode)
+    if source_format not in ("auto", *IMPORT_FORMATS):
+        raise BadInput(f"--format {source_format!r}", hint="auto, " + ", ".join(IMPORT_FORMATS))
+    if out.is_dir():
+        raise BadInput(f"--out {out} is a directory", hint="give --out the path of the file to write")
+    refuse_to_replace([out], force=force)
+    imported = import_trace(
+        source,
+        source_format=source_format,  # type: ignore[arg-type]
+        experts=experts,
+        drop_incomplete=drop_incomplete,
+        skip_steps=skip_steps,
+    )
+    write_trace(out, imported.trace)
+    summary = {"trace": str(out), "source": str(source), **imported.summary()}
+
+    def render(console: Console) -> None:
+        console.print(
+            f"{source} ({imported.source_format}): {imported.records:,} records, {imported.sequences} "
+            f"sequence(s) -> {imported.steps:,} steps x {len(imported.layers)} layers, top-{imported.top_k} of "
+            f"{imported.experts} experts ({imported.experts_source})"
+            + (f"; {imported.dropped_steps} incomplete steps left out" if imported.dropped_steps else "")
+            + (f"; the first {imported.skipped_steps:,} skipped" if imported.skipped_steps else "")
+            + f"; wrote {out}",
+            highlight=False,
+        )
+
+    output.result(summary, render)
 
 
 def register(app: typer.Typer) -> None:

@@ -58,6 +58,7 @@ class SynthesizedTrace(SyntheticTraceSpec):
 
     trace: str
     counts: str | None = None
+    shape: str | None = None  # a named trace shape (glm53.plan.trace_shapes), which sets locality, skew, drift
 
 
 def format_shifts(shifts: Sequence[tuple[float, float]]) -> str:

@@ -104,8 +104,8 @@ for stage in "$@"; do
       --split "${SPLIT:-8}" ${ROUTING_ARGS:-} >"$out/routing.log" 2>&1
     echo "routing rc=$?"; tail -4 "$out/routing.log"
     if [ -f "$out/routing/routing.npz" ]; then
-      glm53 plan simulate --traces "$out/routing/routing.npz" --budgets 0.5,0.75 --learn-fraction 0.3 --drift none \
-        --out "$out/routing/simulate.json" >"$out/routing/simulate.txt" 2>&1; echo "simulate rc=$?"
+      glm53 plan simulate "$out/routing/routing.npz" --budgets 0.5,0.75 --learn-fraction 0.3 --drift none \
+        --out "$out/routing/simulate.json" --force >"$out/routing/simulate.txt" 2>&1; echo "simulate rc=$?"
       tail -25 "$out/routing/simulate.txt"
     fi
     ;;

@@ -102,7 +102,11 @@ def main() -> int:
 
         module.routing_fn = wrapped
 
-    split = [m for m in modules if getattr(m, "cpu_split_first", None) is not None and m._split_map is not None]
+    split = [
+        m
+        for m in modules
+        if getattr(m, "cpu_split_first", None) is not None and getattr(m, "_split_map", None) is not None
+    ]
     sweeps: list[tuple[int, int]] = []
     original_sweep = block_sparse_mlp_cpu.run_pending_swap_sweeps
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from glm53.plan.miss_ratio import rank_experts
+from glm53.plan.parallel import default_workers, layer_map
 from glm53.plan.policies import (
     SWAP_FLOOR,
     SWAP_HYSTERESIS,
@@ -258,6 +259,25 @@ class Recommendation(BaseModel):
         return next(choice for choice in self.engines if choice.engine == name)
 
 
+_ScenarioTask = tuple[str, str, list[Candidate], RoutingTrace, int, int, float, int]
+
+
+def _score_scenario(task: _ScenarioTask) -> tuple[float, dict[Candidate, float]]:
+    """Plain LRU's hit rate on one scenario, and each candidate's, scored from step `start` on."""
+    _, _, pool, scenario, slots, start, share, accesses = task
+    fractions = sorted({0.0, *(c.pinned_fraction or 0.0 for c in pool if c.family == "pinned-lru")})
+    rates: dict[Candidate, float] = {}
+    lru = 0.0
+    for p, hits in zip(fractions, pinned_family(scenario, slots, start, fractions), strict=True):
+        if p == 0.0:
+            lru = hits.total(start) / accesses
+        rates[Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p)] = hits.total(start) / accesses
+    for candidate in pool:
+        if candidate.family != "pinned-lru":
+            rates[candidate] = replay(candidate, scenario, slots, start, layer_share=share).total(start) / accesses
+    return lru, rates
+
+
 def choose(gains: list[list[float]]) -> int:
     """The index of the robust choice among candidates' gains over plain LRU, one list per candidate (one
     value per scenario).
@@ -310,6 +330,7 @@ def recommend(
     seed: int = 0,
     layer_limit: int = CHOICE_LAYERS,
     learn_steps: int | None = None,
+    workers: int | None = None,
 ) -> Recommendation:
     """Choose each engine's setting at a GPU budget of `fraction` of every layer's experts (see the module's
     docstring). The scenarios split at `learn_steps` (default the midpoint): the steps before learn, the rest
@@ -324,26 +345,26 @@ def recommend(
     accesses = held_out * len(picked) * sample.top_k
     plain = stress_scenarios(sample, seed, start=cut)
     pools = {engine: candidates(engine) for engine in engines if engine != "proposed" or compiled()}
-    choices = []
+    # One task per engine and scenario; they are independent, so a large trace spreads over processes.
+    tasks: list[_ScenarioTask] = []
     for engine, pool in pools.items():
         # ExLlamaV3's placement moves only at sweeps: scored where it has settled (`warmed`); a cache settles
         # within its slots' worth of misses, so the others keep the scenario as it is.
-        scenarios = {name: warmed(s, cut) for name, s in plain.items()} if engine == "exllamav3" else plain
-        start = scenarios["trace"].steps - held_out
-        fractions = sorted({0.0, *(c.pinned_fraction or 0.0 for c in pool if c.family == "pinned-lru")})
+        for name, scenario in plain.items():
+            scenario = warmed(scenario, cut) if engine == "exllamav3" else scenario
+            share = len(picked) / len(trace.layers)
+            tasks.append((engine, name, pool, scenario, slots, scenario.steps - held_out, share, accesses))
+    work = sample.steps * len(picked) * len(tasks)
+    results = layer_map(_score_scenario, tasks, default_workers(work) if workers is None else workers)
+    choices = []
+    for engine, pool in pools.items():
         rates: dict[tuple[Candidate, str], float] = {}
         lru: dict[str, float] = {}
-        for name, scenario in scenarios.items():
-            for p, hits in zip(fractions, pinned_family(scenario, slots, start, fractions), strict=True):
-                if p == 0.0:
-                    lru[name] = hits.total(start) / accesses
-                rates[(Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p), name)] = (
-                    hits.total(start) / accesses
-                )
-            for candidate in pool:
-                if candidate.family != "pinned-lru":
-                    hits = replay(candidate, scenario, slots, start, layer_share=len(picked) / len(trace.layers))
-                    rates[(candidate, name)] = hits.total(start) / accesses
+        for (task_engine, name, *_), (baseline, scored_rates) in zip(tasks, results, strict=True):
+            if task_engine == engine:
+                lru[name] = baseline
+                rates.update({(candidate, name): rate for candidate, rate in scored_rates.items()})
+        scenarios = plain
         scored = [
             (
                 candidate,

@@ -5,11 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import process as futures_process
-from typing import TypeVar, cast
+from typing import TypeVar
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -46,31 +43,23 @@ def layer_map(
                 on_result(len(results))
         return results
     context = multiprocessing.get_context("fork")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=context, initializer=_worker_signals)
+    # multiprocessing.Pool, not concurrent.futures: its terminate() ends the workers and its own threads
+    # synchronously and is public, where the executor leaves a manager thread that Python's exit hook then waits
+    # on (a command hung after SIGTERM on Debian's 3.11.2).
+    pool = context.Pool(processes=min(workers, len(tasks)), initializer=_worker_signals)
     try:
-        for result in pool.map(function, tasks):
+        for result in pool.imap(function, tasks):
             results.append(result)
             if on_result is not None:
                 on_result(len(results))
     except BaseException:
         # An error, Ctrl-C or SIGTERM (glm53.proc.Terminated): end the workers here rather than leave them
-        # blocked on a queue nobody reads (Python 3.11's executor has no public way to, hence _processes).
-        workers_now = list((pool._processes or {}).values())
-        # typeshed types this attribute as the wake-up object; at run time it is the manager thread.
-        manager = cast("threading.Thread | None", pool._executor_manager_thread)
-        for process in workers_now:
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in workers_now:
-            process.join(timeout=5)
-        if manager is not None:
-            # The manager thread closes its wake-up pipe as it exits; 3.11's exit hook would still write to it
-            # ("Bad file descriptor" printed at exit) unless the finished thread is taken off its list.
-            manager.join(timeout=5)
-            if not manager.is_alive():
-                futures_process._threads_wakeups.pop(manager, None)
+        # blocked on a queue nobody reads.
+        pool.terminate()
+        pool.join()
         raise
-    pool.shutdown(wait=True)
+    pool.close()
+    pool.join()
     return results
 
 

@@ -9,12 +9,11 @@ needed soonest (a tight loop over a heap): no policy with the same slots per lay
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from glm53.plan.miss_ratio import last_use_before_step
+from glm53.plan.policies import pinned_lru_masks
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,37 +41,8 @@ def pinned_lru_hits(
     An unpinned access hits when fewer than `window` unpinned experts were used since its previous use: the
     experts used since then, minus those among the pinned ranks.
     """
-    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
-
-    steps, top_k = routes.shape
-    rank_of = np.empty(experts, dtype=np.int64)
-    rank_of[ranking] = np.arange(experts)
-    ranked = rank_of[routes]
-    before = last_use_before_step(ranked, experts)
-    previous = np.take_along_axis(before, ranked, axis=1)
-    pinned_counts = sorted({pinned for pinned, _ in splits if 0 < pinned < experts})
-    bounds = [0, *pinned_counts, experts]
-    # newer_below[n]: experts among the n hottest used since an access's previous use; n = experts gives all.
-    newer_below = {n: np.zeros((steps, top_k), dtype=np.int32) for n in bounds[1:]}
-    chunk = max(1, (1 << 21) // (top_k * experts))
-    for start in range(0, steps, chunk):
-        rows = before[start : start + chunk]
-        prev = previous[start : start + chunk][:, :, None]
-        running = np.zeros(prev.shape[:2], dtype=np.int32)
-        for low, high in itertools.pairwise(bounds):  # each column is compared once
-            running += np.count_nonzero(rows[:, None, low:high] > prev, axis=2).astype(np.int32)
-            newer_below[high][start : start + chunk] = running
-    newer_all = newer_below[experts]
-    warm = previous >= 0
-    hits = []
-    for pinned, window in splits:
-        if pinned >= experts:
-            hits.append(int(ranked.size))
-            continue
-        distance = newer_all - newer_below[pinned] if pinned > 0 else newer_all
-        lru_hit = (ranked >= pinned) & warm & (distance < window)
-        hits.append(int(np.count_nonzero(ranked < pinned) + np.count_nonzero(lru_hit)))
-    return hits
+    # One pass shared with the per-step replay (glm53.plan.policies): the hits are its masks' counts.
+    return [int(mask.sum()) for mask in pinned_lru_masks(routes, experts, ranking, list(splits))]
 
 
 def belady_hits(routes: NDArray[np.integer], capacity: int, experts: int | None = None) -> int:

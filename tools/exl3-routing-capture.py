@@ -7,22 +7,24 @@ Hooks, on the ExLlamaV3 1.4.6 wheel (499890c), installed after `model.load()`:
   router ids of every forward call (bsz x top_k) before a split layer's map kernel turns them into physical
   slots in place (exllamav3_ext/routing.cu, moe_split_map_kernel / moe_split_issue_kernel);
 - `run_pending_swap_sweeps` (modules/block_sparse_mlp_cpu.py:51; called by Generator.on_queue_drained,
-  generator/generator.py:457, and inline by `_split_swap_tick`): wrapped to note how many tokens had been
-  routed when each sweep ran and how many swaps it made (its `_split_map`s before and after);
+  generator/generator.py:457, and inline by `_split_swap_tick`): wrapped to note the forward pass each sweep
+  came before, whether it ran inline, and the swaps each split layer made (its `_split_map` before and after);
 - after the run, each split layer's `_split_map` (router id -> physical slot) and `cpu_split_first`: the
   placement the engine holds (CPU-resident = slot >= cpu_split_first).
 
-The engine counts every routed token toward its sweeps' statistics, prompt tokens included, so the replay
-takes every token of every call (one step each) and runs sweeps exactly where the engine ran them:
-`glm53.plan.policies.exl3_dynamic(..., sweeps=...)` with the same hysteresis, floor and swap cap.
+Each layer's routing is kept with the forward pass of every token: the engine counts every token a layer routes,
+prompt tokens included, and its prefill stops at the last layer's attention, so the last layer sees decode steps
+only. `glm53.plan.exl3_capture.compare_capture` replays the rule over exactly those tokens and predicts the
+sweeps from the passes and the drains alone.
 
 Output under --out:
-  routing.npz      the decode tokens (one step a generated token) in glm53's trace format: `glm53 plan simulate`
-  tokens.npz       every routed token (prompts too): routes (tokens, layers, top_k), call_sizes, sweep_tokens,
-                   sweep_swaps, layers
-  compare.json     per split layer: the engine's CPU-resident experts, the replay's, and whether they agree;
-                   swaps counted by both; the run's settings
+  capture.npz      the run as `glm53.plan.exl3_capture` reads it (every layer's tokens, the sweeps, the
+                   engine's swaps per layer and its final placement)
+  routing.npz      the decode steps every layer routed, in glm53's trace format: `glm53 plan simulate`
+  compare.json     the comparison: the sweeps predicted and recorded, swaps per layer, each split layer's
+                   CPU-resident experts by the engine and by the replay
 
+Exit 0 when the replay agrees with the engine in every part, 1 when it does not.
 Needs a CUDA machine with ExLlamaV3 1.4.6 (extension built) and glm53 importable (PYTHONPATH=python/src).
 Usage: python3 tools/exl3-routing-capture.py --model DIR --out DIR [--split 8] [--interval 8] [--floor 1]
        [--hysteresis 2] [--jobs 6] [--prompt 48] [--new 96]
@@ -90,40 +92,42 @@ def main() -> int:
     print(f"loaded in {time.perf_counter() - started:.1f} s", flush=True)
 
     modules = [m for m in model if isinstance(m, BlockSparseMLP)]  # Model.__iter__ (model/model.py:50), load order
+    first = modules[0].key  # the first MoE layer runs in every forward pass: its calls number the passes
     calls: dict[str, list[torch.Tensor]] = {m.key: [] for m in modules}
+    call_index: dict[str, list[int]] = {m.key: [] for m in modules}
 
     for module in modules:
         original = module.routing_fn
 
         def wrapped(bsz, cfg, y, params, _original=original, _key=module.key):  # type: ignore[no-untyped-def]
             selected, weights = _original(bsz, cfg, y, params)
+            # the pass this call belongs to: the first layer's call opens it, later layers join it
+            call_index[_key].append(len(calls[first]) if _key == first else len(calls[first]) - 1)
             calls[_key].append(selected.detach().clone())  # before the map kernel rewrites it in place
             return selected, weights
 
         module.routing_fn = wrapped
 
-    split = [
-        m
-        for m in modules
-        if getattr(m, "cpu_split_first", None) is not None and getattr(m, "_split_map", None) is not None
-    ]
-    sweeps: list[tuple[int, int]] = []
+    registry = list(getattr(config.infer_params, "moe_cpu_swap_modules", None) or [])  # the sweep's own order
+    sweep_calls: list[int] = []
+    sweep_inline: list[bool] = []
+    sweep_swaps: list[list[int]] = []
     original_sweep = block_sparse_mlp_cpu.run_pending_swap_sweeps
-
-    def routed_tokens() -> int:
-        """Tokens of the forward calls every split layer has routed. An inline sweep runs inside the first split
-        layer's submit (_split_swap_tick, before its map kernel counts the call), so the call in flight, which
-        the last split layer has not routed yet, is not in any layer's counts either."""
-        return sum(int(t.shape[0]) for t in calls[split[-1].key]) if split else 0
 
     def recorded_sweep(infer_params):  # type: ignore[no-untyped-def]
         pending = getattr(infer_params, "moe_cpu_swap_pending", False)
-        before = [m._split_map.clone() for m in split]
-        tokens = routed_tokens()
+        # _split_swap_tick sweeps inline only at 4 x interval ticks, inside the first split layer's submit of
+        # a pass whose routing has run but is not yet counted; a drained sweep runs between passes
+        inline = bool(registry) and registry[0]._swap_tick_count >= 4 * args.interval
+        before = [m._split_map.clone() for m in registry]
+        passes = len(calls[first])
         original_sweep(infer_params)
         if pending:
-            swaps = sum(int((m._split_map != b).sum().item()) // 2 for m, b in zip(split, before, strict=True))
-            sweeps.append((tokens, swaps))
+            sweep_calls.append(passes - 1 if inline else passes)
+            sweep_inline.append(inline)
+            sweep_swaps.append(
+                [int((m._split_map != b).sum().item()) // 2 for m, b in zip(registry, before, strict=True)]
+            )
 
     block_sparse_mlp_cpu.run_pending_swap_sweeps = recorded_sweep
     # _split_swap_tick and the generator import the function by name at call time from the module: patched there
@@ -133,6 +137,7 @@ def main() -> int:
         json.loads((Path(args.model) / "config.json").read_text()).get("text_config", {}).get("vocab_size", 512)
     )
     rng = torch.Generator().manual_seed(22)
+    drained_after: list[int] = []
     for job_index in range(args.jobs):
         prompt = torch.randint(2, max(3, vocab - 16), (1, args.prompt), generator=rng)
         generator.enqueue(
@@ -146,86 +151,86 @@ def main() -> int:
         )
         while generator.num_remaining_jobs():
             generator.iterate()
-        print(f"job {job_index}: {routed_tokens()} tokens routed, {len(sweeps)} sweeps so far", flush=True)
+        drained_after.append(len(calls[first]) - 1)  # Generator.on_queue_drained ran after this pass
+        print(f"job {job_index}: {len(calls[first])} forward passes, {len(sweep_calls)} sweeps so far", flush=True)
     torch.cuda.synchronize()
 
-    # Modules that never ran (an MTP block's, which plain generation does not call) carry no routing.
-    most = max(len(calls[m.key]) for m in modules)
-    modules = [m for m in modules if len(calls[m.key]) == most]
-    split = [m for m in split if m in modules]
-    layers = [int(m.key.split(".layers.")[1].split(".")[0]) for m in modules]
-    per_call = [[t.cpu().numpy() for t in calls[m.key]] for m in modules]
-    sizes = np.array([c.shape[0] for c in per_call[0]], dtype=np.int64)
-    routes = np.stack([np.concatenate(c, axis=0) for c in per_call], axis=1).astype(np.int16)  # (tokens, L, k)
-    decode_calls = [i for i, size in enumerate(sizes.tolist()) if size == 1]
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    decode = routes[starts[decode_calls]]
-    if len(decode_calls) < args.jobs * args.new // 2:
-        # A decode step replayed from a captured CUDA graph would not call the Python routing_fn.
-        print(
-            f"warning: {len(decode_calls)} single-token calls recorded for {args.jobs} x {args.new} generated "
-            "tokens: routing_fn did not run for every decode step",
-            flush=True,
+    from glm53.plan.exl3_capture import CapturedLayer, Exl3Capture, compare_capture, save_capture
+
+    def layer_number(module) -> int:  # type: ignore[no-untyped-def]
+        return int(module.key.split(".layers.")[1].split(".")[0])
+
+    # A module that never ran (an MTP block's, which plain generation does not call) carries no routing.
+    ran = [m for m in modules if calls[m.key]]
+    captured = tuple(
+        CapturedLayer(
+            layer_number(m),
+            torch.cat(calls[m.key]).cpu().numpy().astype(np.int16),
+            np.repeat(np.array(call_index[m.key]), [int(t.shape[0]) for t in calls[m.key]]),
         )
-    experts = int(modules[0].num_experts)
-    top_k = int(routes.shape[2])
-    header = {"format": "glm53-routing-trace", "version": 1, "layers": layers, "experts": experts, "top_k": top_k}
-    buffer = io.BytesIO()
-    np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), routes=decode)
-    (out / "routing.npz").write_bytes(buffer.getvalue())
-    sweep_tokens = np.array([t for t, _ in sweeps], dtype=np.int64)
-    np.savez(
-        out / "tokens.npz",
-        routes=routes,
-        call_sizes=sizes,
-        sweep_tokens=sweep_tokens,
-        sweep_swaps=np.array([s for _, s in sweeps], dtype=np.int64),
-        layers=np.array(layers),
+        for m in ran
     )
-
-    from glm53.plan.policies import exl3_dynamic
-
-    split_index = [modules.index(m) for m in split]
-    replay = exl3_dynamic(
-        routes[:, split_index, :],
-        experts,
-        [experts - int(m.cpu_split_first) for m in split],
+    split = [m for m in registry if calls[m.key]]
+    experts = int(modules[0].num_experts)
+    capture = Exl3Capture(
+        experts=experts,
+        interval=args.interval,
         hysteresis=args.hysteresis,
         floor=args.floor,
         max_swaps=args.max_swaps,
-        sweeps=sweep_tokens.tolist(),
+        calls=len(calls[first]),
+        drained_after=tuple(drained_after),
+        layers=captured,
+        split_layers=tuple(layer_number(m) for m in split),
+        cpu_experts=tuple(experts - int(m.cpu_split_first) for m in split),
+        sweep_calls=tuple(sweep_calls),
+        sweep_inline=tuple(sweep_inline),
+        sweep_swaps=np.array([[row[registry.index(m)] for m in split] for row in sweep_swaps], dtype=np.int64).reshape(
+            len(sweep_swaps), len(split)
+        ),
+        engine_cpu=np.array(
+            [m._split_map.cpu().numpy() >= int(m.cpu_split_first) for m in split], dtype=np.bool_
+        ).reshape(len(split), experts),
     )
-    assert replay.final_cpu is not None
-    rows = []
-    for index, module in enumerate(split):
-        mapping = module._split_map.cpu().numpy()
-        engine = sorted(np.flatnonzero(mapping >= int(module.cpu_split_first)).tolist())
-        simulated = sorted(np.flatnonzero(replay.final_cpu[index]).tolist())
-        rows.append(
-            {
-                "layer": layers[split_index[index]],
-                "engine_cpu": engine,
-                "replay_cpu": simulated,
-                "agree": engine == simulated,
-            }
-        )
-    result = {
-        "settings": vars(args),
-        "tokens": int(routes.shape[0]),
-        "decode_tokens": int(decode.shape[0]),
-        "forward_calls": len(sizes),
-        "sweeps": len(sweeps),
-        "engine_swaps": int(sum(s for _, s in sweeps)),
-        "replay_swaps": replay.swaps_between(0),
-        "layers_split": len(split),
-        "layers_agreeing": sum(row["agree"] for row in rows),
-        "layers": rows,
+    (out / "capture.npz").write_bytes(save_capture(capture))
+
+    # The decode steps (one-token passes) that every layer routed, as a glm53 trace.
+    singles = [
+        {c: i for i, (c, t) in enumerate(zip(call_index[m.key], calls[m.key], strict=True)) if t.shape[0] == 1}
+        for m in ran
+    ]
+    steps = sorted(set.intersection(*(set(s) for s in singles)))
+    if len(steps) < args.jobs * args.new // 2:
+        # A decode step replayed from a captured CUDA graph would not call the Python routing_fn.
+        print(f"warning: {len(steps)} one-token passes for {args.jobs} x {args.new} generated tokens", flush=True)
+    decode = np.stack(
+        [np.stack([calls[m.key][s[c]][0].cpu().numpy() for c in steps]) for m, s in zip(ran, singles, strict=True)],
+        axis=1,
+    ).astype(np.int16)  # (steps, layers, top_k)
+    header = {
+        "format": "glm53-routing-trace",
+        "version": 1,
+        "layers": [layer_number(m) for m in ran],
+        "experts": experts,
+        "top_k": int(decode.shape[2]),
     }
-    (out / "compare.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "layers"}), flush=True)
+    buffer = io.BytesIO()
+    np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), routes=decode)
+    (out / "routing.npz").write_bytes(buffer.getvalue())
+
+    result = compare_capture(capture)
+    (out / "compare.json").write_text(result.model_dump_json(indent=1))
+    summary = result.model_dump(exclude={"layers", "predicted_sweeps", "recorded_sweeps"})
+    print(json.dumps({"settings": vars(args), "decode_steps": len(steps), **summary}), flush=True)
+    for row in result.layers:
+        print(
+            f"layer {row.layer}: {row.tokens} tokens, swaps engine {row.engine_swaps} replay {row.replay_swaps}, "
+            f"CPU engine {row.engine_cpu} replay {row.replay_cpu}",
+            flush=True,
+        )
     for host in (getattr(config, "moe_cpu_hosts", None) or {}).values():
         host.shutdown()
-    return 0 if split and result["layers_agreeing"] == len(split) else 1
+    return 0 if result.agree else 1
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ ExLlamaV3's split a CPU-resident expert is computed on the CPU and stays there u
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -150,27 +150,70 @@ def static_cpu_mask(
 
 
 def _sweep_points(steps: int, interval: int, generation: int | None) -> list[tuple[int, bool]]:
-    """(step, inline) for each sweep of `_split_swap_tick` / `run_pending_swap_sweeps`.
+    """`sweep_triggers` for a trace of one-token steps, each a forward pass, in generations of `generation`
+    steps (None: the queue drains after every step, the most dynamic placement can be)."""
+    drains = None if generation is None else range(generation - 1, steps, generation)
+    return sweep_triggers(steps, interval, drains)
 
-    The first split layer counts a tick per forward pass; at `interval` ticks a sweep is pending and runs
-    when the generator's queue drains (after the last step of a generation), or inline, before the step's
-    routing, once the ticks reach 4 x interval; either resets the count (an inline sweep's own step is then
-    not counted). generation=None: the queue drains after every step (the most dynamic placement can be).
-    An inline sweep is returned as the step it precedes; a drained one as the step after which it runs + 1.
+
+def sweep_triggers(calls: int, interval: int, drained_after: Container[int] | None) -> list[tuple[int, bool]]:
+    """(call, inline) for each sweep of `_split_swap_tick` / `run_pending_swap_sweeps` over `calls` forward
+    passes, the queue draining after each call in `drained_after` (None: after every call).
+
+    The first split layer counts a tick per forward pass, a prefill chunk or a decode step alike; at `interval`
+    ticks a sweep is pending and runs when the generator's queue drains (`Generator.on_queue_drained`), or
+    inline, before the call's routing is counted, once the ticks reach 4 x interval; either resets the count (an
+    inline sweep's own call is then not counted). A sweep is returned as the call it precedes: an inline one as
+    its own call, a drained one as the call after the drain.
     """
     points: list[tuple[int, bool]] = []
     tick = 0
-    for step in range(steps):
+    for call in range(calls):
         tick += 1
         if tick >= INLINE_SWEEP_INTERVALS * interval:
-            points.append((step, True))
+            points.append((call, True))
             tick = 0
             continue
-        boundary = generation is None or (step + 1) % generation == 0
-        if tick >= interval and boundary:
-            points.append((step + 1, False))
+        drains = drained_after is None or call in drained_after
+        if tick >= interval and drains:
+            points.append((call + 1, False))
             tick = 0
     return points
+
+
+def sweep_layer(
+    counts: NDArray[np.float64],
+    cpu: NDArray[np.bool_],
+    *,
+    hysteresis: float,
+    floor: float,
+    budget: int,
+) -> int:
+    """One layer's turn in a sweep (`_split_sweep_layer`): swaps made in place in `cpu` (that layer's
+    cpu[expert]), at most `budget`; the counts halve afterwards.
+
+    GPU-resident ids sorted by ascending (count, id), CPU-resident ones by descending (count, id), paired in that
+    order; each pair swaps while hot >= max(hysteresis x max(cold, 1), floor x sum of the counts / experts), and
+    the first pair that fails ends the turn.
+    """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    ids = np.arange(len(counts))
+    threshold_floor = floor * float(counts.sum()) / len(counts)
+    head = np.flatnonzero(~cpu)
+    tail = np.flatnonzero(cpu)
+    head = head[np.lexsort((ids[head], counts[head]))]  # coldest GPU first, ties by lower id
+    tail = tail[np.lexsort((-ids[tail], -counts[tail]))]  # hottest CPU first, ties by higher id
+    pairs = min(len(head), len(tail))
+    cold, hot = counts[head[:pairs]], counts[tail[:pairs]]
+    passing = hot >= np.maximum(hysteresis * np.maximum(cold, 1.0), threshold_floor)
+    run = int(np.argmin(passing)) if not passing.all() else pairs  # the leading run of passing pairs
+    swapped = min(run, budget)
+    if swapped:
+        cpu[head[:swapped]] = True
+        cpu[tail[:swapped]] = False
+    counts *= 0.5
+    return swapped
 
 
 def exl3_dynamic(
@@ -209,7 +252,6 @@ def exl3_dynamic(
     cpu = start if start_cpu is None else start_cpu.copy()
     hist = np.zeros((layers, experts), dtype=np.float64)
     offsets = (np.arange(layers, dtype=np.int64) * experts)[None, :, None]
-    ids = np.arange(experts)
     hits = np.zeros((steps, layers), dtype=np.int16)
     sweep_steps: list[int] = []
     swap_counts: list[int] = []
@@ -229,24 +271,9 @@ def exl3_dynamic(
         for index in split_layers:
             if budget <= 0:
                 break  # this layer and the rest keep their counts (no turn, no decay)
-            counts = hist[index]
-            threshold_floor = floor * float(counts.sum()) / experts
-            head = np.flatnonzero(~cpu[index])
-            tail = np.flatnonzero(cpu[index])
-            head = head[np.lexsort((ids[head], counts[head]))]  # coldest GPU first, ties by lower id
-            tail = tail[np.lexsort((-ids[tail], -counts[tail]))]  # hottest CPU first, ties by higher id
-            pairs = min(len(head), len(tail))
-            cold, hot = counts[head[:pairs]], counts[tail[:pairs]]
-            passing = hot >= np.maximum(hysteresis * np.maximum(cold, 1.0), threshold_floor)
-            # The sweep stops at the first pair that fails: swaps are the leading run of passing pairs.
-            run = int(np.argmin(passing)) if not passing.all() else pairs
-            swapped = min(run, budget)
-            if swapped:
-                cpu[index, head[:swapped]] = True
-                cpu[index, tail[:swapped]] = False
+            swapped = sweep_layer(hist[index], cpu[index], hysteresis=hysteresis, floor=floor, budget=budget)
             budget -= swapped
             made += swapped
-            hist[index] *= 0.5
         sweep_steps.append(point)
         swap_counts.append(made)
     return StepHits(hits, np.array(sweep_steps, dtype=np.int64), np.array(swap_counts, dtype=np.int64), cpu)

@@ -1,0 +1,117 @@
+"""The replay of ExLlamaV3's dynamic CPU split against the engine's own record of two GPU runs.
+
+The captures (tests/fixtures/exl3-capture, README there) were recorded while ExLlamaV3 1.4.6 generated on an
+H200: each layer's routing, each sweep's forward pass and swaps per layer, and the final placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from glm53.errors import BadInput
+from glm53.plan.exl3_capture import CapturedLayer, compare_capture, load_capture, save_capture
+from glm53.plan.policies import _sweep_points, sweep_triggers
+
+CAPTURES = Path(__file__).parent / "fixtures" / "exl3-capture"
+
+
+@pytest.mark.parametrize(("name", "inline"), [("inline-sweeps", True), ("drained-sweeps", False)])
+def test_the_replay_is_what_the_engine_did(name: str, inline: bool) -> None:
+    capture = load_capture(CAPTURES / f"{name}.npz")
+    result = compare_capture(capture)
+    assert result.trigger_agrees and result.swaps_agree and result.agree
+    assert result.layers_agreeing == len(result.layers) == 5
+    assert {flag for _, flag in result.recorded_sweeps} == {inline}  # each run exercises one path of the trigger
+    assert all(row.engine_swaps > 0 for row in result.layers)  # placement moved in every split layer
+    # ExLlamaV3's prefill stops at the last layer's attention: the last layer routed decode steps only
+    tokens = {row.layer: row.tokens for row in result.layers}
+    assert tokens[7] < tokens[3] == tokens[6]
+
+
+@pytest.mark.parametrize("name", ["inline-sweeps", "drained-sweeps"])
+def test_a_sweep_one_pass_late_is_caught(name: str) -> None:
+    capture = load_capture(CAPTURES / f"{name}.npz")
+    late = dataclasses.replace(capture, sweep_calls=tuple(call + 1 for call in capture.sweep_calls))
+    result = compare_capture(late)
+    assert not result.trigger_agrees and not result.swaps_agree and not result.agree
+
+
+def test_the_engine_counts_prompt_tokens() -> None:
+    """Counting decode steps only (what a decode-step trace holds) does not reproduce the engine."""
+    capture = load_capture(CAPTURES / "inline-sweeps.npz")
+    prompts = {  # passes of more than one token: the prefills
+        int(call) for call, size in zip(*np.unique(capture.layers[0].call_of_token, return_counts=True)) if size > 1
+    }
+    assert prompts
+    decode_only = tuple(
+        CapturedLayer(
+            layer.layer,
+            layer.routes[~np.isin(layer.call_of_token, list(prompts))],
+            layer.call_of_token[~np.isin(layer.call_of_token, list(prompts))],
+        )
+        for layer in capture.layers
+    )
+    result = compare_capture(dataclasses.replace(capture, layers=decode_only))
+    assert not result.swaps_agree and result.layers_agreeing < len(result.layers)
+
+
+def test_a_capture_survives_a_save_and_load(tmp_path: Path) -> None:
+    capture = load_capture(CAPTURES / "drained-sweeps.npz")
+    path = tmp_path / "again.npz"
+    path.write_bytes(save_capture(capture))
+    assert compare_capture(load_capture(path)) == compare_capture(capture)
+
+
+def _rewritten(tmp_path: Path, header_change: dict[str, object], drop: str | None = None) -> Path:
+    with np.load(CAPTURES / "inline-sweeps.npz") as data:
+        arrays = {name: data[name] for name in data.files if name != drop}
+    header = json.loads(bytes(arrays["header"]).decode())
+    header.update(header_change)
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    path = tmp_path / "capture.npz"
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "drop", "message"),
+    [
+        ({"format": "glm53-routing-trace"}, None, "not a glm53-exl3-capture file"),
+        ({"version": 2}, None, "version 2"),
+        ({}, "routes_5", "routes_5"),
+        ({"split_layers": [3, 4, 5, 6, 9]}, None, "split layer 9 has no routes"),
+        ({"experts": 4}, None, "a router id outside 0..3"),
+        ({"sweep_calls": [1, 2]}, None, "lengths do not match"),
+        ({"interval": "often"}, None, "malformed"),
+    ],
+)
+def test_a_malformed_capture_is_refused_naming_the_file(
+    tmp_path: Path, change: dict[str, object], drop: str | None, message: str
+) -> None:
+    path = _rewritten(tmp_path, change, drop)
+    with pytest.raises(BadInput, match=message) as caught:
+        load_capture(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_file_that_is_not_an_archive_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "capture.npz"
+    path.write_text("routes\n")
+    with pytest.raises(BadInput, match="not a readable glm53-exl3-capture file"):
+        load_capture(path)
+
+
+def test_the_trigger_of_one_token_steps_is_the_general_trigger() -> None:
+    for steps, interval, generation in [(40, 3, None), (200, 4, 50), (90, 2, 7)]:
+        drains = None if generation is None else set(range(generation - 1, steps, generation))
+        assert _sweep_points(steps, interval, generation) == sweep_triggers(steps, interval, drains)
+    # drains after passes 4 and 9 only: a pending sweep waits for them
+    assert sweep_triggers(10, 2, {4, 9}) == [(5, False), (10, False)]

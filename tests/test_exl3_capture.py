@@ -45,15 +45,14 @@ def test_a_sweep_one_pass_late_is_caught(name: str) -> None:
 def test_the_engine_counts_prompt_tokens() -> None:
     """Counting decode steps only (what a decode-step trace holds) does not reproduce the engine."""
     capture = load_capture(CAPTURES / "inline-sweeps.npz")
-    prompts = {  # passes of more than one token: the prefills
-        int(call) for call, size in zip(*np.unique(capture.layers[0].call_of_token, return_counts=True)) if size > 1
-    }
+    passes, sizes = np.unique(capture.layers[0].call_of_token, return_counts=True)
+    prompts = passes[sizes > 1].tolist()  # passes of more than one token: the prefills
     assert prompts
     decode_only = tuple(
         CapturedLayer(
             layer.layer,
-            layer.routes[~np.isin(layer.call_of_token, list(prompts))],
-            layer.call_of_token[~np.isin(layer.call_of_token, list(prompts))],
+            layer.routes[~np.isin(layer.call_of_token, prompts)],
+            layer.call_of_token[~np.isin(layer.call_of_token, prompts)],
         )
         for layer in capture.layers
     )

@@ -12,7 +12,8 @@
 # bench's prompt style (random by default); SPLIT (default 8) the routed experts per layer served on the CPU.
 # Stage routing records ExLlamaV3's routing while it generates (OUT/routing/routing.npz, a glm53 trace) and
 # compares the placement its dynamic split reaches with glm53's replay of the same rule (OUT/routing/compare.json);
-# ROUTING_ARGS passes options to tools/exl3-routing-capture.py.
+# ROUTING_ARGS passes options to tools/exl3-routing-capture.py. CAPTURE=1 makes stage serve record the routing
+# while TabbyAPI serves (`glm53 serve --capture-routing OUT/capture`) and compare it with glm53's replay.
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -71,7 +72,8 @@ for stage in "$@"; do
     glm53 model lock local/glm53-tiny-exl3 --model-dir "$model" --force >"$out/lock.log" 2>&1; echo "lock rc=$?"
     export GLM53_TABBYAPI_DIR=$tabby
     args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
-      --set EXL3_MOE_CPU_SPLIT=${SPLIT:-8} --set EXL3_MOE_CPU_THREADS=8 ${SERVE_ARGS:-})
+      --set EXL3_MOE_CPU_SPLIT=${SPLIT:-8} --set EXL3_MOE_CPU_THREADS=8 ${CAPTURE:+--capture-routing "$out/capture"}
+      ${SERVE_ARGS:-})
     glm53 "${args[@]}" --dry-run >"$out/serve-dry-run.txt" 2>&1; echo "dry-run rc=$?"; tail -3 "$out/serve-dry-run.txt"
     # started directly, not through the shell function, so that $! is glm53 itself (which execs TabbyAPI)
     python3 -c "$glm53_main" "${args[@]}" >"$out/serve.log" 2>&1 &
@@ -97,6 +99,14 @@ for stage in "$@"; do
     if kill -0 $server 2>/dev/null; then echo "server still running 60 s after SIGTERM"; kill -KILL $server; fi
     wait $server; echo "server rc=$? after $(( $(date +%s) - stop )) s"
     pgrep -af "tabby/main.py|exllamav3" || echo "no process left"
+    if [ -n "${CAPTURE:-}" ]; then
+      ls -la "$out/capture"
+      python3 -c 'import sys; from pathlib import Path; from glm53.plan.exl3_capture import load_capture, compare_capture
+print(compare_capture(load_capture(Path(sys.argv[1]))).model_dump_json(exclude={"predicted_sweeps", "recorded_sweeps"}))' \
+        "$out/capture/capture.npz"; echo "compare rc=$?"
+      glm53 plan simulate "$out/capture/routing.npz" --budgets 0.5,0.75 --learn-fraction 0.3 --drift none \
+        --out "$out/capture/simulate.json" --force >"$out/capture/simulate.txt" 2>&1; echo "simulate rc=$?"
+    fi
     ;;
   routing)
     stamp routing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -46,6 +47,18 @@ def serve_cmd(
     skip_flag_check: Annotated[
         bool, typer.Option("--skip-flag-check", help="Do not check the flags against vLLM's own parser.")
     ] = False,
+    capture_routing: Annotated[
+        Path | None,
+        typer.Option(
+            "--capture-routing",
+            metavar="DIR",
+            help=(
+                "exllamav3 profiles: record the engine's routing into DIR while it serves (routing.npz, a trace "
+                "for `glm53 plan`; capture.npz where the dynamic CPU split runs). A new directory: an earlier "
+                "capture is never replaced."
+            ),
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Serve a checkpoint: check the host, plan its expert pools, exec the profile's engine.
@@ -61,6 +74,7 @@ def serve_cmd(
       glm53 serve --profile exl3-2x3090 --rig recipe-2x3090 --dry-run
       glm53 serve --model-dir DIR --set MAX_MODEL_LEN=131072 --api-key-file ~/.config/glm53/key
       glm53 serve --profile cpu-tiny --model-dir ~/.cache/glm53/demo/glm53-tiny --port 8001
+      glm53 serve --profile exl3-1gpu --model-dir DIR --capture-routing ~/glm53-routing/today
     """
 
     req = ServeRequest(
@@ -76,6 +90,7 @@ def serve_cmd(
         rig=rig,
         skip_preflight=skip_preflight,
         skip_flag_check=skip_flag_check,
+        capture_routing=capture_routing,
     )
     out = Output(json_mode=json_out)
     if dry_run:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput
 from glm53.plan.policies import sweep_layer, sweep_triggers
+from glm53.plan.traces import RoutingTrace
 
 if TYPE_CHECKING:
     import numpy as np
@@ -257,4 +258,29 @@ def compare_capture(capture: Exl3Capture) -> CaptureComparison:
         layers=rows,
         layers_agreeing=agreeing,
         agree=trigger_agrees and swaps_agree and agreeing == len(rows) and bool(rows),
+    )
+
+
+def decode_trace(capture: Exl3Capture) -> RoutingTrace:
+    """The decode steps of a capture as a glm53 routing trace: the one-token passes every layer routed, in order
+    (prefill passes, and the passes a layer skipped, are left out)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    singles = []
+    for layer in capture.layers:
+        passes, sizes = np.unique(layer.call_of_token, return_counts=True)
+        singles.append(passes[sizes == 1])
+    steps = singles[0]
+    for passes in singles[1:]:
+        steps = np.intersect1d(steps, passes)
+    if not len(steps):
+        raise BadInput("the capture holds no one-token pass that every layer routed: no decode steps to trace")
+    routes = np.stack(
+        [layer.routes[np.searchsorted(layer.call_of_token, steps)] for layer in capture.layers], axis=1
+    ).astype(np.int16)
+    return RoutingTrace(
+        layers=tuple(layer.layer for layer in capture.layers),
+        experts=capture.experts,
+        top_k=int(routes.shape[2]),
+        routes=routes,
     )

@@ -456,7 +456,7 @@ _SPECS: tuple[KeySpec, ...] = (
     ),
     _env(
         "EXL3_MOE_CPU_SWAP_INTERVAL",
-        "decode steps between placement sweeps (ExLlamaV3's default 128)",
+        "forward passes (decode steps, prefill chunks) between placement sweeps (ExLlamaV3's default 128)",
         "int",
         recipe=False,
         engines=_EXL3,

@@ -69,6 +69,8 @@ class ServeRequest(BaseModel):
     # Plan for a described rig (a packaged name or a JSON file) instead of this host: a dry run for the
     # machine the launch is meant for (exllamav3 profiles).
     rig: str | None = None
+    # Record ExLlamaV3's routing into this directory while it serves (exllamav3 profiles).
+    capture_routing: Path | None = None
 
 
 class PlanStatus(BaseModel):
@@ -211,6 +213,11 @@ def resolve_launch(
             )
         if req.plan_env is not None:
             raise BadInput("--rig and --plan-env both give the plan", hint="pass one of them")
+    if req.capture_routing is not None and profile.engine != "exllamav3":
+        raise BadInput(
+            f"--capture-routing records ExLlamaV3's routing; {req.profile} runs on {profile.engine}",
+            hint="serve an exl3-* profile to capture, or drop --capture-routing",
+        )
     model_dir = _model_dir(req, need_model=need_model)
     plan_values: list[tuple[str, str, str]] = []
     plan: PlanInput | None = None
@@ -239,6 +246,7 @@ def resolve_launch(
             api_key=api_key is not None,
             environ=environ,
             python=sys.executable,
+            capture_routing=req.capture_routing,
         )
         return Launch(spec=spec, profile=profile, plan=status, warnings=_warnings(req, api_key), api_key=api_key)
     host_env = _driver_env(environ) if plan_here and requirements_for(profile).gpus > 0 else {}

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from glm53.errors import BadInput
 from glm53.recipe.profiles import BUILTIN_CHAT_TEMPLATE, CONFIG_SPECS, KEYS, Profile, parse_number_list
 from glm53.serve.chat_template import bounded_template_path
+from glm53.serve.exl3_routing import CAPTURE_NAME, TRACE_NAME
 from glm53.serve.launch import SECRET_ENV, LaunchSpec, PlanInput, check_host, exported_environment
 
 TABBY_DIR_ENV = "GLM53_TABBYAPI_DIR"
@@ -136,9 +137,12 @@ def render_config(profile: Profile, *, model_dir: Path | str, host: str, port: i
     return TabbyConfig(sections=sections, origins=origins)
 
 
-def tabby_command(environ: Mapping[str, str], python: str, config_path: PurePosixPath) -> tuple[list[str], str]:
+def tabby_command(
+    environ: Mapping[str, str], python: str, config_path: PurePosixPath, capture_routing: Path | None = None
+) -> tuple[list[str], str]:
     """The argv that starts TabbyAPI, and where its location came from. Relative paths are made absolute here:
-    TabbyAPI starts in its run directory, where they would name nothing."""
+    TabbyAPI starts in its run directory, where they would name nothing. With `capture_routing`, TabbyAPI's
+    main.py runs under `glm53.serve.exl3_routing`, which records ExLlamaV3's routing into that directory."""
     directory = environ.get(TABBY_DIR_ENV)
     program = environ.get(TABBY_PYTHON_ENV) or python
     if "/" in program:
@@ -149,6 +153,9 @@ def tabby_command(environ: Mapping[str, str], python: str, config_path: PurePosi
     else:
         main = f"${TABBY_DIR_ENV}/main.py"
         origin = f"${TABBY_DIR_ENV} is not set (a start stops until it names TabbyAPI's source tree)"
+    if capture_routing is not None:
+        recorder = ["-m", "glm53.serve.exl3_routing", "--out", os.path.abspath(capture_routing)]
+        return [program, *recorder, main, "--config", str(config_path)], f"{origin}; --capture-routing"
     return [program, main, "--config", str(config_path)], origin
 
 
@@ -169,15 +176,18 @@ def build_tabby_launch(
     api_key: bool,
     environ: Mapping[str, str],
     python: str,
+    capture_routing: Path | None = None,
 ) -> LaunchSpec:
     """The argv, environment, working directory and files for serving `model_dir` with TabbyAPI."""
     if not 0 < port < 65536:
         raise BadInput(f"--port {port} is out of range", hint="use a port between 1 and 65535")
+    if capture_routing is not None:
+        _check_capture_dir(Path(capture_routing))
     check_host(host, listen_all=listen_all)
     config = render_config(profile, model_dir=model_dir, host=host, port=port, api_key=api_key)
     directory = run_dir(port, environ)
     config_path = directory / CONFIG_NAME
-    argv, where = tabby_command(environ, python, config_path)
+    argv, where = tabby_command(environ, python, config_path, capture_routing)
     origins = {f"config {field}": origin for field, origin in config.origins.items()}
     origins["argv"] = where
     env, affinity = exported_environment(profile, plan, origins, refuse=_refused_by_tabby)
@@ -194,6 +204,22 @@ def build_tabby_launch(
         cwd=str(directory),
         files={CONFIG_NAME: config.text()},
     )
+
+
+def _check_capture_dir(directory: Path) -> None:
+    """A capture goes into a directory that is or can be made, and never replaces an earlier capture."""
+    if directory.exists() and not directory.is_dir():
+        raise BadInput(f"--capture-routing {directory} is not a directory", hint="name a directory for the capture")
+    if not directory.exists() and not directory.parent.is_dir():
+        raise BadInput(
+            f"--capture-routing {directory}: its parent directory does not exist", hint="create it, or name another"
+        )
+    for name in (CAPTURE_NAME, TRACE_NAME):
+        if (directory / name).exists():
+            raise BadInput(
+                f"--capture-routing {directory} already holds {name}",
+                hint="name a new directory (an earlier capture is never replaced)",
+            )
 
 
 def clean_environment(inherited: Mapping[str, str]) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import NoReturn
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_bytes, read_text_bounded
 from glm53.serve.launch import LaunchSpec, environment_for_exec
-from glm53.serve.tabby import API_TOKENS_NAME, clean_environment
+from glm53.serve.tabby import API_TOKENS_NAME, clean_environment, tabby_main
 
 API_KEY_MAX_BYTES = 64 * 1024
 
@@ -118,9 +118,10 @@ def exec_launch(
             if found is None:
                 raise Unavailable(f"{program} not found on PATH", hint="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python")
             program = found
-        if not Path(spec.argv[1]).is_file():
+        main = tabby_main(spec.argv)
+        if not Path(main).is_file():
             raise Unavailable(
-                f"{spec.argv[1]} not found", hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree (docs/serve.md)"
+                f"{main} not found", hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree (docs/serve.md)"
             )
         prepare_run_dir(spec, api_key)
         os.chdir(spec.cwd or "/")

@@ -181,17 +181,23 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs `then` right after the package `name` is first imported, by whoever imports it.
 
     TabbyAPI chooses torch's allocator (PYTORCH_ALLOC_CONF) before it imports torch, so the recorder must not
-    import torch (which ExLlamaV3 does) any earlier than TabbyAPI itself does."""
+    import torch (which ExLlamaV3 does) any earlier than TabbyAPI itself does. TabbyAPI also asks
+    `importlib.util.find_spec("exllamav3")` whether it is installed (common/optional_dependencies.py) without
+    importing it, so the finder stays until the package really executes."""
 
     def __init__(self, name: str, then: Callable[[], None]) -> None:
         self.name = name
         self.then = then
+        self.searching = False
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
+        if fullname != self.name or self.searching:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self.searching = True  # the search below asks every finder again, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.searching = False
         if spec is None or spec.loader is None:
             return spec
         loader: Any = spec.loader
@@ -199,7 +205,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             execute(module)
-            self.then()
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+                self.then()
 
         loader.exec_module = exec_module
         return spec

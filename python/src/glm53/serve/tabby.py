@@ -159,6 +159,14 @@ def tabby_command(
     return [program, main, "--config", str(config_path)], origin
 
 
+def tabby_main(argv: list[str]) -> str:
+    """TabbyAPI's main.py in a launch argv (`tabby_command`): the word before --config, with or without the
+    routing recorder in front of it."""
+    if "--config" in argv[1:]:
+        return argv[argv.index("--config") - 1]
+    return argv[1] if len(argv) > 1 else ""
+
+
 def _refused_by_tabby(key: str) -> BadInput | None:
     if key in SECRET_ENV or key.startswith(TABBY_ENV_PREFIX):
         return BadInput(f"the plan sets {key}", hint="the plan may set engine variables only")
@@ -238,4 +246,5 @@ __all__ = [
     "render_config",
     "run_dir",
     "tabby_command",
+    "tabby_main",
 ]

@@ -8,15 +8,16 @@ the start with TabbyAPI's own words (exit 2) instead of a server that runs with 
 
 from __future__ import annotations
 
+import os
 from pathlib import PurePosixPath
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import parse_json
-from glm53.proc import TimedOut, environment, run, text
+from glm53.proc import TimedOut, run, text
 from glm53.safetext import quoted
 from glm53.serve.flags import FlagCheck
-from glm53.serve.launch import LaunchSpec
-from glm53.serve.tabby import CONFIG_NAME
+from glm53.serve.launch import LaunchSpec, environment_for_exec
+from glm53.serve.tabby import CONFIG_NAME, clean_environment, tabby_main
 
 CHECK_TIMEOUT_S = 60
 # Run by TabbyAPI's interpreter with TabbyAPI's tree first on sys.path; prints one JSON line.
@@ -43,7 +44,7 @@ print(json.dumps({"unknown": unknown, "error": error}))
 
 
 def _tabby_dir(spec: LaunchSpec) -> str | None:
-    main = spec.argv[1] if len(spec.argv) > 1 else ""
+    main = tabby_main(spec.argv)
     if main.startswith("$"):
         return None
     return str(PurePosixPath(main).parent)
@@ -61,7 +62,8 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None]:
         # `-c CODE` ends Python's options: the directory after it is the script's sys.argv[1], never an option.
         done = run(
             [spec.argv[0], "-c", _CHECK, directory],
-            env=environment(),
+            # what TabbyAPI itself will run with (its Python's search path included), without any key
+            env=environment_for_exec(spec, clean_environment(os.environ), None),
             what="checking TabbyAPI's config",
             input=spec.files[CONFIG_NAME].encode(),
             timeout=CHECK_TIMEOUT_S,

@@ -23,11 +23,9 @@ from glm53.checkpoint.lock import (
     write_lock,
 )
 from tests.support.cli import run_glm53
-from tests.support.fake_hub import FakeHub, serve_fake_hub
+from tests.support.fake_hub import REPO, REV, FakeHub, download_args, serve_repo
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
-REPO = "turboderp/GLM-5.3-Flash-exl3"
-REV = "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
 BIG = "blob.bin"
 
 
@@ -42,9 +40,7 @@ def source(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hub(source: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    with serve_fake_hub() as server:
-        server.add_repo(REPO, REV, source)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
+    with serve_repo(source, monkeypatch) as server:
         yield server
 
 
@@ -55,10 +51,6 @@ def same_files(a: Path, b: Path) -> bool:
 
 def partials(model_dir: Path) -> list[Path]:
     return sorted(partial_path(model_dir, "x").parent.rglob("*.part"))
-
-
-def download_args(target: Path) -> list[str]:
-    return ["model", "download", REPO, "--revision", REV, "--model-dir", str(target)]
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -72,7 +64,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) ->
 def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     target = tmp_path / "dl"
     hub.drop_after[BIG] = 11 * 1024 * 1024  # the connection breaks once, mid-file
-    result = run_glm53("model", "download", REPO, "--revision", REV, "--model-dir", str(target), "--json")
+    result = run_glm53(*download_args(target), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
     assert payload["lock_created"] is True and payload["verify"]["ok"] is True
@@ -87,7 +79,7 @@ def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path
     assert resumed, "the broken transfer was resumed with a Range request"
     assert not partials(target)
 
-    again = run_glm53("model", "download", REPO, "--revision", REV, "--model-dir", str(target))
+    again = run_glm53(*download_args(target))
     assert again.code == 0, again.stderr
     assert "all 8 files match" in again.stdout
 
@@ -100,9 +92,7 @@ def test_download_against_a_given_lock_fetches_only_locked_files(hub: FakeHub, s
     lock_path = tmp_path / "pinned.lock.json"
     write_lock(lock_from_directory(partial, repo=REPO, revision=REV), lock_path)
     target = tmp_path / "dl"
-    result = run_glm53(
-        "model", "download", REPO, "--revision", REV, "--model-dir", str(target), "--lock", str(lock_path)
-    )
+    result = run_glm53(*download_args(target), "--lock", str(lock_path))
     assert result.code == 0, result.stderr
     assert sorted(p.name for p in target.iterdir() if p.is_file()) == ["config.json", "kpool_aux.safetensors"]
 
@@ -114,17 +104,7 @@ def test_download_detects_content_that_differs_from_the_lock(hub: FakeHub, sourc
     tampered[-1] ^= 0xFF
     (source / "mtp.safetensors").write_bytes(bytes(tampered))
     hub.add_repo(REPO, REV, source)  # the server now serves different bytes for the pinned revision
-    result = run_glm53(
-        "model",
-        "download",
-        REPO,
-        "--revision",
-        REV,
-        "--model-dir",
-        str(tmp_path / "dl"),
-        "--lock",
-        str(lock_path),
-    )
+    result = run_glm53(*download_args(tmp_path / "dl"), "--lock", str(lock_path))
     assert result.code == 1
     assert "hash mismatch" in result.stderr and "mtp.safetensors" in result.stderr
 
@@ -145,17 +125,7 @@ def test_download_refuses_a_branch_name_and_a_mismatched_lock(hub: FakeHub, sour
     assert result.code == 2 and "40-hex" in result.stderr
     lock_path = tmp_path / "other.lock.json"
     write_lock(lock_from_directory(source, repo="someone/else", revision=REV), lock_path)
-    result = run_glm53(
-        "model",
-        "download",
-        REPO,
-        "--revision",
-        REV,
-        "--model-dir",
-        str(tmp_path / "dl"),
-        "--lock",
-        str(lock_path),
-    )
+    result = run_glm53(*download_args(tmp_path / "dl"), "--lock", str(lock_path))
     assert result.code == 2 and "someone/else" in result.stderr
     assert not [r for r in hub.requests if "/resolve/" in r.path]
 

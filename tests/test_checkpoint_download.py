@@ -53,6 +53,16 @@ def partials(model_dir: Path) -> list[Path]:
     return sorted(partial_path(model_dir, "x").parent.rglob("*.part"))
 
 
+def kept_partial(source: Path, target: Path, kept: bytes) -> Path:
+    """`target` locked to `source` and holding `kept` as BIG's partial file, as an earlier run left it."""
+    target.mkdir()
+    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
+    part = partial_path(target, BIG)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(kept)
+    return part
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -212,11 +222,7 @@ def test_kept_bytes_of_other_content_are_caught_by_the_verify_and_fetched_again(
     hub: FakeHub, source: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes(os.urandom(5 * 1024 * 1024))  # same length as a real prefix, other bytes
+    kept_partial(source, target, os.urandom(5 * 1024 * 1024))  # same length as a real prefix, other bytes
     result = run_glm53(*download_args(target), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
@@ -230,12 +236,8 @@ def test_a_server_that_ignores_the_range_gets_the_partial_rewritten_from_byte_0(
     hub: FakeHub, source: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
     kept = 3 * 1024 * 1024
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes((source / BIG).read_bytes()[:kept])
+    kept_partial(source, target, (source / BIG).read_bytes()[:kept])
     hub.ignore_range.add(BIG)
     progress = RecordingProgress()
     result = download_checkpoint(REPO, REV, target, endpoint=hub.url, progress=progress)
@@ -249,11 +251,7 @@ def test_a_server_that_ignores_the_range_gets_the_partial_rewritten_from_byte_0(
 
 def test_a_partial_file_another_download_is_writing_is_refused(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes((source / BIG).read_bytes()[:1024])
+    part = kept_partial(source, target, (source / BIG).read_bytes()[:1024])
     with open(part, "rb") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         result = run_glm53(*download_args(target))
@@ -278,12 +276,8 @@ def test_progress_covers_the_whole_download_and_starts_from_the_kept_bytes(
     hub: FakeHub, source: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
     kept = 3 * 1024 * 1024
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes((source / BIG).read_bytes()[:kept])  # a true prefix, as a killed run leaves it
+    kept_partial(source, target, (source / BIG).read_bytes()[:kept])  # a true prefix, as a killed run leaves it
     progress = RecordingProgress()
     result = download_checkpoint(REPO, REV, target, endpoint=hub.url, progress=progress)
     total = sum(p.stat().st_size for p in source.iterdir())

@@ -277,6 +277,71 @@ let
 
   # TORCH_CUDA_ARCH_LIST of an engine's kernels: the lock's capabilities as written there ("8.0;8.6+PTX").
   torchArchList = engine: builtins.concatStringsSep ";" lock.engine.cuda.${engine}.capabilities;
+
+  # The OCI config both serving images share (nix/image.nix, nix/vendor-image.nix). Inside the container
+  # 0.0.0.0 is right: publish the port on the host's loopback only (docker run -p 127.0.0.1:8000:8000 ...).
+  # The address flags are part of the entrypoint, so arguments given to `docker run` (say
+  # --set MAX_MODEL_LEN=131072) add to them instead of replacing them.
+  imageConfig =
+    {
+      # The image's title label.
+      name,
+      # How the entrypoint starts the server; the container's model and address flags follow.
+      command,
+      # nixpkgs' CA bundle (SSL_CERT_FILE).
+      cacert,
+      # PATH, for an image that does not inherit its base image's environment.
+      path ? null,
+      # HOME and XDG_CACHE_HOME: where the server's caches go.
+      home ? null,
+      labels ? { },
+    }:
+    let
+      homeEnv =
+        if home == null then
+          [ ]
+        else
+          [
+            "HOME=${home}"
+            "XDG_CACHE_HOME=${home}"
+          ];
+    in
+    {
+      Entrypoint = command ++ [
+        "--model-dir"
+        "/model"
+        "--host"
+        "0.0.0.0"
+        "--listen-all"
+      ];
+      Env =
+        (if path == null then [ ] else [ "PATH=${path}" ])
+        ++ [
+          # Where container toolkits put the driver's libraries (NixOS, RHEL, Debian/Ubuntu): `glm53 serve` finds
+          # libcuda.so.1 on this path and points Triton at it (TRITON_LIBCUDA_PATH) at start, and glm53's own
+          # NVML reads (its preflight) look there.
+          "LD_LIBRARY_PATH=/run/opengl-driver/lib:/usr/lib64:/usr/lib/x86_64-linux-gnu"
+          "SSL_CERT_FILE=${cacert}/etc/ssl/certs/ca-bundle.crt"
+        ]
+        ++ homeEnv
+        ++ [
+          "HF_HUB_OFFLINE=1"
+          "VLLM_NO_USAGE_STATS=1"
+          "DO_NOT_TRACK=1"
+        ];
+      ExposedPorts."${toString lock.runtime.port}/tcp" = { };
+      Volumes."/model" = { };
+      Labels = {
+        "org.opencontainers.image.title" = name;
+        "org.opencontainers.image.version" = version;
+        "io.glm53.checkpoint.revision" = lock.checkpoint.revision;
+        "io.glm53.exllamav3.rev" = pins.exllamav3.rev;
+      }
+      // labels;
+    };
+
+  # Written once, in python/pyproject.toml; the Python package reads it from its installed metadata.
+  version = (builtins.fromTOML (builtins.readFile ../python/pyproject.toml)).project.version;
 in
 {
   inherit
@@ -304,7 +369,7 @@ in
     serveArgs
     checkArgs
     defaultHost
+    imageConfig
+    version
     ;
-  # Written once, in python/pyproject.toml; the Python package reads it from its installed metadata.
-  version = (builtins.fromTOML (builtins.readFile ../python/pyproject.toml)).project.version;
 }

@@ -75,34 +75,15 @@ dockerTools.buildImage {
     python3 -c 'import torch, exllamav3_ext'
     rm -rf /root/.cache
   '';
-  config = {
-    Entrypoint = [
+  config = glmLib.imageConfig {
+    inherit name cacert path;
+    command = [
       "/opt/glm53/bin/glm53"
       "serve"
-      "--model-dir"
-      "/model"
-      "--host"
-      "0.0.0.0"
-      "--listen-all"
     ];
-    Env = [
-      "PATH=${path}"
-      # Where container toolkits put the driver's libraries: glm53's own NVML reads (its preflight) look there.
-      "LD_LIBRARY_PATH=/run/opengl-driver/lib:/usr/lib64:/usr/lib/x86_64-linux-gnu"
-      "SSL_CERT_FILE=${cacert}/etc/ssl/certs/ca-bundle.crt"
-      "HF_HUB_OFFLINE=1"
-      "VLLM_NO_USAGE_STATS=1"
-      "DO_NOT_TRACK=1"
-    ];
-    ExposedPorts."${toString glmLib.lock.runtime.port}/tcp" = { };
-    Volumes."/model" = { };
-    Labels = {
-      "org.opencontainers.image.title" = name;
-      "org.opencontainers.image.version" = glmLib.version;
+    labels = {
       "org.opencontainers.image.base.name" = "${pin.name}:${pin.tag}@${pin.index_digest}";
       "org.opencontainers.image.base.digest" = pin.digest;
-      "io.glm53.checkpoint.revision" = glmLib.lock.checkpoint.revision;
-      "io.glm53.exllamav3.rev" = glmLib.pins.exllamav3.rev;
       "io.glm53.overlay.rev" = requirePin "engine.glm53_overlay.rev" overlayPin.rev;
     };
   };

@@ -23,11 +23,9 @@ from glm53.checkpoint.lock import (
     write_lock,
 )
 from tests.support.cli import run_glm53
-from tests.support.fake_hub import FakeHub, serve_fake_hub
+from tests.support.fake_hub import REPO, REV, FakeHub, download_args, serve_repo
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
-REPO = "turboderp/GLM-5.3-Flash-exl3"
-REV = "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
 BIG = "blob.bin"
 
 
@@ -42,9 +40,7 @@ def source(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hub(source: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    with serve_fake_hub() as server:
-        server.add_repo(REPO, REV, source)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
+    with serve_repo(source, monkeypatch) as server:
         yield server
 
 
@@ -57,8 +53,14 @@ def partials(model_dir: Path) -> list[Path]:
     return sorted(partial_path(model_dir, "x").parent.rglob("*.part"))
 
 
-def download_args(target: Path) -> list[str]:
-    return ["model", "download", REPO, "--revision", REV, "--model-dir", str(target)]
+def kept_partial(source: Path, target: Path, kept: bytes) -> Path:
+    """`target` locked to `source` and holding `kept` as BIG's partial file, as an earlier run left it."""
+    target.mkdir()
+    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
+    part = partial_path(target, BIG)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(kept)
+    return part
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -72,7 +74,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) ->
 def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     target = tmp_path / "dl"
     hub.drop_after[BIG] = 11 * 1024 * 1024  # the connection breaks once, mid-file
-    result = run_glm53("model", "download", REPO, "--revision", REV, "--model-dir", str(target), "--json")
+    result = run_glm53(*download_args(target), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
     assert payload["lock_created"] is True and payload["verify"]["ok"] is True
@@ -87,7 +89,7 @@ def test_download_makes_a_lock_downloads_and_verifies(hub: FakeHub, source: Path
     assert resumed, "the broken transfer was resumed with a Range request"
     assert not partials(target)
 
-    again = run_glm53("model", "download", REPO, "--revision", REV, "--model-dir", str(target))
+    again = run_glm53(*download_args(target))
     assert again.code == 0, again.stderr
     assert "all 8 files match" in again.stdout
 
@@ -100,9 +102,7 @@ def test_download_against_a_given_lock_fetches_only_locked_files(hub: FakeHub, s
     lock_path = tmp_path / "pinned.lock.json"
     write_lock(lock_from_directory(partial, repo=REPO, revision=REV), lock_path)
     target = tmp_path / "dl"
-    result = run_glm53(
-        "model", "download", REPO, "--revision", REV, "--model-dir", str(target), "--lock", str(lock_path)
-    )
+    result = run_glm53(*download_args(target), "--lock", str(lock_path))
     assert result.code == 0, result.stderr
     assert sorted(p.name for p in target.iterdir() if p.is_file()) == ["config.json", "kpool_aux.safetensors"]
 
@@ -114,17 +114,7 @@ def test_download_detects_content_that_differs_from_the_lock(hub: FakeHub, sourc
     tampered[-1] ^= 0xFF
     (source / "mtp.safetensors").write_bytes(bytes(tampered))
     hub.add_repo(REPO, REV, source)  # the server now serves different bytes for the pinned revision
-    result = run_glm53(
-        "model",
-        "download",
-        REPO,
-        "--revision",
-        REV,
-        "--model-dir",
-        str(tmp_path / "dl"),
-        "--lock",
-        str(lock_path),
-    )
+    result = run_glm53(*download_args(tmp_path / "dl"), "--lock", str(lock_path))
     assert result.code == 1
     assert "hash mismatch" in result.stderr and "mtp.safetensors" in result.stderr
 
@@ -145,17 +135,7 @@ def test_download_refuses_a_branch_name_and_a_mismatched_lock(hub: FakeHub, sour
     assert result.code == 2 and "40-hex" in result.stderr
     lock_path = tmp_path / "other.lock.json"
     write_lock(lock_from_directory(source, repo="someone/else", revision=REV), lock_path)
-    result = run_glm53(
-        "model",
-        "download",
-        REPO,
-        "--revision",
-        REV,
-        "--model-dir",
-        str(tmp_path / "dl"),
-        "--lock",
-        str(lock_path),
-    )
+    result = run_glm53(*download_args(tmp_path / "dl"), "--lock", str(lock_path))
     assert result.code == 2 and "someone/else" in result.stderr
     assert not [r for r in hub.requests if "/resolve/" in r.path]
 
@@ -242,11 +222,7 @@ def test_kept_bytes_of_other_content_are_caught_by_the_verify_and_fetched_again(
     hub: FakeHub, source: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes(os.urandom(5 * 1024 * 1024))  # same length as a real prefix, other bytes
+    kept_partial(source, target, os.urandom(5 * 1024 * 1024))  # same length as a real prefix, other bytes
     result = run_glm53(*download_args(target), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
@@ -260,12 +236,8 @@ def test_a_server_that_ignores_the_range_gets_the_partial_rewritten_from_byte_0(
     hub: FakeHub, source: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
     kept = 3 * 1024 * 1024
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes((source / BIG).read_bytes()[:kept])
+    kept_partial(source, target, (source / BIG).read_bytes()[:kept])
     hub.ignore_range.add(BIG)
     progress = RecordingProgress()
     result = download_checkpoint(REPO, REV, target, endpoint=hub.url, progress=progress)
@@ -279,11 +251,7 @@ def test_a_server_that_ignores_the_range_gets_the_partial_rewritten_from_byte_0(
 
 def test_a_partial_file_another_download_is_writing_is_refused(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes((source / BIG).read_bytes()[:1024])
+    part = kept_partial(source, target, (source / BIG).read_bytes()[:1024])
     with open(part, "rb") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         result = run_glm53(*download_args(target))
@@ -308,12 +276,8 @@ def test_progress_covers_the_whole_download_and_starts_from_the_kept_bytes(
     hub: FakeHub, source: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "dl"
-    target.mkdir()
-    write_lock(lock_from_directory(source, repo=REPO, revision=REV), target / LOCK_FILENAME)
     kept = 3 * 1024 * 1024
-    part = partial_path(target, BIG)
-    part.parent.mkdir(parents=True)
-    part.write_bytes((source / BIG).read_bytes()[:kept])  # a true prefix, as a killed run leaves it
+    kept_partial(source, target, (source / BIG).read_bytes()[:kept])  # a true prefix, as a killed run leaves it
     progress = RecordingProgress()
     result = download_checkpoint(REPO, REV, target, endpoint=hub.url, progress=progress)
     total = sum(p.stat().st_size for p in source.iterdir())

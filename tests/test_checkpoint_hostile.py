@@ -21,11 +21,9 @@ from glm53.checkpoint.lock import LOCK_FILENAME, lock_from_directory, write_lock
 from glm53.checkpoint.safetensors_header import read_safetensors_header
 from glm53.errors import BadInput
 from tests.support.cli import run_glm53
-from tests.support.fake_hub import FakeHub, serve_fake_hub
+from tests.support.fake_hub import REPO, REV, FakeHub, download_args, serve_fake_hub, serve_repo
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
-REPO = "turboderp/GLM-5.3-Flash-exl3"
-REV = "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
 INDEX = "model.safetensors.index.json"
 BACKUP = "model.safetensors.index.shards-only.json"
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -42,9 +40,7 @@ def source(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hub(source: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    with serve_fake_hub() as server:
-        server.add_repo(REPO, REV, source)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
+    with serve_repo(source, monkeypatch) as server:
         yield server
 
 
@@ -53,10 +49,6 @@ def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "xdg-cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(home))
     return home
-
-
-def download_args(target: Path) -> list[str]:
-    return ["model", "download", REPO, "--revision", REV, "--model-dir", str(target)]
 
 
 def lock_args() -> list[str]:

@@ -14,11 +14,8 @@ from glm53.checkpoint.lock import LOCK_FILENAME, load_lock, lock_from_directory
 from glm53.checkpoint.safetensors_header import read_safetensors_header
 from glm53.errors import BadInput
 from tests.support.cli import run_glm53
-from tests.support.fake_hub import FakeHub, serve_fake_hub
+from tests.support.fake_hub import REPO, REV, FakeHub, serve_repo
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
-
-REPO = "turboderp/GLM-5.3-Flash-exl3"
-REV = "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
 
 
 @pytest.fixture
@@ -28,9 +25,7 @@ def checkpoint(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hub(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    with serve_fake_hub() as server:
-        server.add_repo(REPO, REV, checkpoint)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
+    with serve_repo(checkpoint, monkeypatch) as server:
         yield server
 
 

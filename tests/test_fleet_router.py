@@ -12,10 +12,7 @@ time scale.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -23,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from glm53.bench.client import BenchClient
@@ -32,11 +28,11 @@ from glm53.router.fleet import parse_fleet
 from glm53.router.hashing import HashRing
 from glm53.router.launch import build_router_launch
 from glm53.router.simulation import Router, RouterPolicy, Service, Workload, quantile, simulate, turn_book
+from tests.support.router import needs_router, running_router
 from tests.support.server import free_port
 from tests.support.standin_box import BoxConfig, BoxState, serve_box
 
-ROUTER_INSTALLED = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) is not None
-pytestmark = pytest.mark.skipif(not ROUTER_INSTALLED, reason="vllm-router is not installed (pip install .[dev])")
+pytestmark = needs_router
 
 # Real seconds per modelled second: a 14 s turn takes 0.28 s. Router and client overheads (a few ms a turn) stay
 # around 1% of a p95 of tens of modelled seconds.
@@ -63,32 +59,9 @@ def router(urls: list[str], policy: RouterPolicy, work: Path) -> Iterator[str]:
     backends = "".join(f'[[backends]]\nurl = "{url}"\n' for url in urls)
     text = f'policy = "{policy}"\nport = {port}\nlog_level = "warning"\n[metrics]\nport = {metrics}\n{backends}'
     launch = build_router_launch(parse_fleet(text, source="test fleet", fmt="toml"))
-    log = work / "router.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            launch.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the router exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the router was not ready:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    with running_router(launch.argv, url, work / "router.log"):
         yield url
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def turn_body(messages: list[dict[str, str]], answer_tokens: int) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def test_json_readers_name_the_file_for_deep_nesting_and_huge_integers(tmp_path:
 
 
 def test_listening_everywhere_without_a_key_and_a_group_readable_key_are_warned(tmp_path: Path) -> None:
-    result = run_glm53(
+    listen_all = [
         "serve",
         "--profile",
         "cpu-tiny",
@@ -112,26 +112,15 @@ def test_listening_everywhere_without_a_key_and_a_group_readable_key_are_warned(
         "--host",
         "0.0.0.0",
         "--listen-all",
-    )
+    ]
+    result = run_glm53(*listen_all)
     assert result.code == 0
     assert any("without an API key" in w for w in result.json()["warnings"])
     assert "without an API key" in " ".join(result.stderr.split())
     key = tmp_path / "key"
     key.write_text("k\n")
     key.chmod(0o640)
-    result = run_glm53(
-        "serve",
-        "--profile",
-        "cpu-tiny",
-        "--dry-run",
-        "--json",
-        "--skip-flag-check",
-        "--host",
-        "0.0.0.0",
-        "--listen-all",
-        "--api-key-file",
-        str(key),
-    )
+    result = run_glm53(*listen_all, "--api-key-file", str(key))
     assert result.code == 0
     assert result.json()["warnings"] == [
         f"--api-key-file: {key} is readable by its group; chmod 600 {key} keeps the key to its owner"

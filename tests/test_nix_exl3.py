@@ -21,7 +21,18 @@ import pytest
 
 from glm53.recipe.pins import load_repro_lock
 from tests.support.nixeval import ROOT, SERVER, needs_nixpkgs_lib, prefixes
-from tests.support.nixflake import SYSTEM, closure, derivations, flake, instantiate, named, run, stand_in_nixpkgs
+from tests.support.nixflake import (
+    SYSTEM,
+    closure,
+    derivations,
+    filled_lock,
+    flake,
+    instantiate,
+    named,
+    overlaid,
+    run,
+    stand_in_nixpkgs,
+)
 from tests.support.systemd_parse import parse_exec
 
 LOCK = load_repro_lock(ROOT / "repro.lock.json")
@@ -115,30 +126,13 @@ class TestFlakeOutputs:
 
     def test_the_vllm_runtime_is_seen_to_hold_vllm(self, nixpkgs: Path, tmp_path: Path) -> None:
         """The closure query finds vLLM where it is: the vLLM runtime, with its pins filled in a copy of the lock."""
-        lock = json.loads((ROOT / "repro.lock.json").read_text())
-        pins = [
-            lock["engine"]["vllm"],
-            lock["engine"]["glm53_overlay"],
-            *lock["engine"]["vllm_cmake_sources"]["sources"].values(),
-        ]
-        for number, pin in enumerate(pins):
-            pin.update(rev=f"{number:x}" * 40, hash="sha256-" + "A" * 43 + "=")
-        filled = tmp_path / "repro.lock.json"
-
-        def packages(lock: dict[str, Any]) -> str:
-            filled.write_text(json.dumps(lock))
-            return (
-                f'(import {nixpkgs} {{ system = "{SYSTEM}"; overlays = [ (import {ROOT}/nix/overlay.nix '
-                f"{{ glmLib = import {ROOT}/nix/lib.nix {{ lockFile = {filled}; }}; }}) ]; }})"
-            )
-
         # nixos-25.11's torch is CUDA 12.8, the vendor build CUDA 13.0.1: from source, evaluation says so.
-        refused = _run(["nix-instantiate", "--expr", f"{packages(lock)}.glm53-runtime"])
+        cuda_13 = overlaid(nixpkgs, filled_lock(tmp_path / "cuda-13"))
+        refused = _run(["nix-instantiate", "--expr", f"{cuda_13}.glm53-runtime"])
         assert refused.returncode != 0
         assert "the vendor vLLM build is CUDA 13.0.1 (engine.cuda.vllm.version)" in refused.stderr
         # With a nixpkgs whose torch matched (a lock that says so), the runtime holds that vLLM.
-        lock["engine"]["cuda"]["vllm"]["version"] = "12.8"
-        pkgs = packages(lock)
+        pkgs = overlaid(nixpkgs, filled_lock(tmp_path / "cuda-12", **{"engine.cuda.vllm.version": "12.8"}))
         runtime = closure(instantiate(f"{pkgs}.glm53-runtime"))
         assert "python3.13-vllm-0.1.dev20073+g8e685d198.drv" in runtime
         assert not [name for name in closure(instantiate(f"{pkgs}.glm53-exl3")) if "vllm" in name.lower()]

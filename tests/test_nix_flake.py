@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +23,7 @@ from tests.support.nixflake import (
     closure,
     derivations,
     evaluate,
+    filled_lock,
     flake,
     instantiate,
     named,
@@ -50,28 +50,6 @@ def outputs(nixpkgs: Path) -> str:
 
 def _cuda(names: list[str]) -> list[str]:
     return [name for name in names if name.startswith(CUDA_NAMES)]
-
-
-def _filled_lock(tmp_path: Path, **changes: Any) -> Path:
-    """A copy of the lock with the vLLM engine's pins filled (made-up commits and hashes)."""
-    lock = json.loads((ROOT / "repro.lock.json").read_text())
-    pins = [
-        lock["engine"]["vllm"],
-        lock["engine"]["glm53_overlay"],
-        *lock["engine"]["vllm_cmake_sources"]["sources"].values(),
-    ]
-    for number, pin in enumerate(pins):
-        pin.update(rev=f"{number:x}" * 40, hash="sha256-" + "A" * 43 + "=")
-    lock["engine"]["vllm"]["image"]["hash"] = "sha256-" + "B" * 43 + "="
-    for path, value in changes.items():
-        node = lock
-        *parents, last = path.split(".")
-        for part in parents:
-            node = node[part]
-        node[last] = value
-    path = tmp_path / "repro.lock.json"
-    path.write_text(json.dumps(lock))
-    return path
 
 
 def test_every_output_evaluates(outputs: str) -> None:
@@ -157,7 +135,7 @@ def test_the_vllm_engine_is_the_vendor_image_by_digest_with_the_overlay_and_exll
     assert probe["env"]["outputHashSri"] == "sha256-" + "A" * 43 + "="  # lib.fakeHash
 
     # Filled (in a copy of the lock), the image is the vendor image pulled by its amd64 digest, ...
-    lock = _filled_lock(tmp_path)
+    lock = filled_lock(tmp_path)
     pkgs = overlaid(nixpkgs, lock)
     glm_lib = f"import {ROOT}/nix/lib.nix {{ lockFile = {lock}; }}"
     expr = f"{pkgs}.callPackage {ROOT}/nix/vendor-image.nix {{ glmLib = {glm_lib}; }}"
@@ -189,7 +167,7 @@ def test_the_vllm_engine_is_the_vendor_image_by_digest_with_the_overlay_and_exll
 def test_vllm_from_source_keeps_nixpkgs_pynvml_fix(nixpkgs: Path, tmp_path: Path) -> None:
     """nixpkgs' recipe swaps vLLM's vendored pynvml for nixpkgs' (which finds the driver on NixOS); replacing
     its postPatch must keep that, or vLLM sees no GPU."""
-    lock = _filled_lock(tmp_path, **{"engine.cuda.vllm.version": "12.8"})  # a nixpkgs whose torch would match
+    lock = filled_lock(tmp_path, **{"engine.cuda.vllm.version": "12.8"})  # a nixpkgs whose torch would match
     graph = derivations(instantiate(f"{overlaid(nixpkgs, lock, cuda=True)}.python3Packages.vllm-glm53"))
     vllm = named(graph, "python3.13-vllm-0.1.dev20073+g8e685d198")
     post_patch = vllm["env"]["postPatch"]
@@ -225,22 +203,30 @@ def test_vllm_from_source_keeps_nixpkgs_pynvml_fix(nixpkgs: Path, tmp_path: Path
     assert done.stdout.strip() == "/run/opengl-driver/lib/libnvidia-ml.so.1"
 
 
+def _executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def _shell_application(path: Path, text: str) -> Path:
+    """A writeShellApplication's script as it runs: its `text` under the header the builder puts first."""
+    return _executable(path, "#!/usr/bin/env bash\nset -o errexit -o nounset -o pipefail\n" + text)
+
+
 def test_nix_fmt_formats_the_tree_instead_of_reading_stdin(outputs: str, tmp_path: Path) -> None:
     """Newer Nix runs the formatter with no argument; nixfmt alone then waits on standard input."""
     graph = derivations(instantiate(f"{outputs}.formatter.{SYSTEM}"))
     text = named(graph, "glm53-nixfmt")["env"]["text"]
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     record = tmp_path / "args"
-    (bin_dir / "nixfmt").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
-    (bin_dir / "nixfmt").chmod(0o755)
+    _executable(bin_dir / "nixfmt", f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
     tree = tmp_path / "repo"
     for name in ("flake.nix", "nix/module.nix", "pkgs/a/default.nix", ".git/x.nix", "README.md"):
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_text("{ }\n")
-    script = tmp_path / "fmt"
-    script.write_text("#!/usr/bin/env bash\nset -o errexit -o nounset -o pipefail\n" + text)  # writeShellApplication's
-    script.chmod(0o755)
+    script = _shell_application(tmp_path / "fmt", text)
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
     for args in ([], ["."], ["--check"]):
         # stdin left open: a formatter that read it would hang until the timeout.
@@ -265,13 +251,9 @@ def test_nix_run_default_runs_the_image_with_the_gpus_as_cdi_devices(nixpkgs: Pa
     )
     text = named(derivations(instantiate(expr)), "glm53-container")["env"]["text"]
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     record = tmp_path / "calls"
-    (bin_dir / "podman").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {record}\necho --- >> {record}\n')
-    (bin_dir / "podman").chmod(0o755)
-    script = tmp_path / "glm53-container"
-    script.write_text("#!/usr/bin/env bash\nset -o errexit -o nounset -o pipefail\n" + text)
-    script.chmod(0o755)
+    _executable(bin_dir / "podman", f'#!/bin/sh\nprintf "%s\\n" "$@" >> {record}\necho --- >> {record}\n')
+    script = _shell_application(tmp_path / "glm53-container", text)
     model = tmp_path / "glm53 model"
     model.mkdir()
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}

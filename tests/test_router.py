@@ -7,10 +7,8 @@ served a request is read from each backend's own /metrics (vllm:request_success_
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,11 +27,10 @@ from glm53.router.flags import check_args, parse_help
 from glm53.router.fleet import load_fleet
 from glm53.router.launch import API_KEY_ENV, build_router_launch, router_command
 from tests.support.cli import CliResult, run_glm53
-from tests.support.server import READY_TIMEOUT_S, VllmServer, free_port, glm53_executable, group_members, start_server
+from tests.support.router import NOT_INSTALLED, ROUTER_INSTALLED, log_tail, needs_router, running_router
+from tests.support.server import VllmServer, free_port, group_members, serve_model, start_server
 
 FIXTURES = Path(__file__).parent / "fixtures" / "router"
-ROUTER_INSTALLED = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) is not None
-needs_router = pytest.mark.skipif(not ROUTER_INSTALLED, reason="vllm-router is not installed (pip install .[dev])")
 
 
 def run_router_cli(*args: str) -> CliResult:
@@ -233,42 +230,14 @@ def served(server_url: str) -> float:
 
 def serve_again(server: VllmServer, port: int) -> VllmServer:
     """Start a server like `server` (same model, same name) on `port` again, through the real `glm53 serve`."""
-    workdir = server.model_dir.parent
-    env = dict(os.environ)
-    env["XDG_CACHE_HOME"] = str(workdir / "cache")
-    env["HF_HOME"] = str(workdir / "hf")
-    env.pop("VLLM_API_KEY", None)
-    argv = [
-        *glm53_executable(),
-        "serve",
-        "--profile",
-        "cpu-tiny",
-        "--model-dir",
-        str(server.model_dir),
-        "--port",
-        str(port),
-        "--set",
-        f"SERVED_MODEL_NAME={server.model_name}",
-    ]
-    log_path = workdir / "server-again.log"
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-    again = VllmServer(server.base_url, server.model_name, server.model_dir, process, log_path, 0.0)
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"the restarted server exited with {process.returncode}:\n{again.log_tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{server.base_url}/health", timeout=2.0).status_code == 200:
-                break
-        if time.monotonic() - started > READY_TIMEOUT_S:
-            again.stop()
-            raise RuntimeError(f"the restarted server was not ready:\n{again.log_tail()}")
-        time.sleep(0.5)
-    again.ready_seconds = time.monotonic() - started
-    return again
+    return serve_model(
+        server.model_dir.parent,
+        server.model_dir,
+        port,
+        server.model_name,
+        log_name="server-again.log",
+        what="the restarted server",
+    )
 
 
 ROUTER_MAIN = (
@@ -292,14 +261,14 @@ class Fleet:
     restarted: list[VllmServer] = field(default_factory=list)
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 @pytest.fixture(scope="session")
 def fleet(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Backend A (the session's server), backend B (started once here), the real router in front of both."""
     if not ROUTER_INSTALLED:
-        pytest.skip("vllm-router is not installed (pip install .[dev])")
+        pytest.skip(NOT_INSTALLED)
     work = tmp_path_factory.mktemp("router")
     b = start_server(tmp_path_factory.mktemp("vllm-server-b"), model_name=vllm_server.model_name)
     b_port = int(b.base_url.rsplit(":", 1)[1])
@@ -311,38 +280,16 @@ def fleet(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> 
         f'policy = "consistent_hash"\nport = {port}\n[metrics]\nport = {metrics}\n'
         f'[[backends]]\nurl = "{vllm_server.base_url}"\n[[backends]]\nurl = "{b.base_url}"\n'
     )
-    log_path = work / "router.log"
-    with log_path.open("wb") as log:
-        router = subprocess.Popen(
-            [sys.executable, "-c", ROUTER_MAIN, "router", str(fleet_file)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    state = Fleet(f"http://127.0.0.1:{port}", vllm_server, b, b_port, router, log_path, vllm_server.model_name)
-    deadline = time.monotonic() + 120
+    url, log_path = f"http://127.0.0.1:{port}", work / "router.log"
+    restarted: list[VllmServer] = []
     try:
-        while True:
-            if router.poll() is not None:
-                raise RuntimeError(f"the router exited with {router.returncode}:\n{state.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{state.url}/v1/models", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the router was not ready:\n{state.log_tail()}")
-            time.sleep(0.3)
-        sys.stderr.write(f"\n[router] ready at {state.url} in front of {vllm_server.base_url} and {b.base_url}\n")
-        yield state
+        with running_router(
+            [sys.executable, "-c", ROUTER_MAIN, "router", str(fleet_file)], url, log_path, ready_s=120
+        ) as router:
+            sys.stderr.write(f"\n[router] ready at {url} in front of {vllm_server.base_url} and {b.base_url}\n")
+            yield Fleet(url, vllm_server, b, b_port, router, log_path, vllm_server.model_name, restarted)
     finally:
-        if router.poll() is None:
-            router.send_signal(signal.SIGTERM)
-            try:
-                router.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                router.kill()
-                router.wait()
-        for server in [b, *state.restarted]:
+        for server in [b, *restarted]:
             server.stop()
 
 

@@ -123,10 +123,7 @@ def test_a_control_character_is_refused_by_both(tmp_path: Path) -> None:
 def test_systemd_itself_resolves_the_command_under_a_hostile_directory(tmp_path: Path, name: str) -> None:
     """verify fails unless systemd's own parse of ExecStart's first word is the executable's path exactly."""
     bin_dir = tmp_path / name / "bin"
-    bin_dir.mkdir(parents=True)
-    exe = bin_dir / "glm53"
-    exe.write_text("#!/bin/sh\nexit 0\n")
-    exe.chmod(0o755)
+    exe = _executable_glm53(bin_dir)
     settings = UnitSettings(
         profile="agent-256k",
         model_dir=Path(f"/srv/{name}"),
@@ -141,6 +138,15 @@ def test_systemd_itself_resolves_the_command_under_a_hostile_directory(tmp_path:
     broken = text.replace(command_line([str(exe)]), command_line([str(exe) + "x"]), 2)
     refused = _verify(tmp_path, broken)
     assert refused.returncode != 0 and "is not executable" in refused.stderr
+
+
+def _executable_glm53(bin_dir: Path) -> Path:
+    """A glm53 that does nothing, in `bin_dir` (made): systemd's verify checks the command exists."""
+    bin_dir.mkdir(parents=True)
+    exe = bin_dir / "glm53"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    return exe
 
 
 def _verify(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
@@ -161,10 +167,7 @@ def test_a_command_path_systemd_would_not_run_is_refused_by_the_renderer(tmp_pat
     from glm53.serve.systemd import unit_settings
 
     bin_dir = tmp_path / name / "bin"
-    bin_dir.mkdir(parents=True)
-    exe = bin_dir / "glm53"
-    exe.write_text("#!/bin/sh\nexit 0\n")
-    exe.chmod(0o755)
+    exe = _executable_glm53(bin_dir)
     with pytest.raises(BadInput, match="systemd does not accept in a command's path"):
         unit_settings(ServeRequest(profile="agent-256k", model_dir=Path("/srv/models/glm53")), glm53=exe)
     if "$" not in name:  # systemd's own rule for quotes and backslashes ("special characters")

@@ -17,48 +17,52 @@ let
     homepage = "https://github.com/fla-org/flash-linear-attention";
     license = lib.licenses.mit;
   };
-  wheelHooks = {
-    # torch propagates python ninja, whose setup hook would make ninja the build/install phase.
-    dontUseNinjaBuild = true;
-    dontUseNinjaInstall = true;
-    dontUseNinjaCheck = true;
-  };
-in
-rec {
-  fla-core = buildPythonPackage (
-    wheelHooks
-    // {
-      pname = "fla-core";
-      inherit version meta;
+  # One of the two wheels: pure Python, from PyPI's py3 tree.
+  wheel =
+    {
+      pname,
+      hash,
+      dependencies,
+    }:
+    let
+      stem = builtins.replaceStrings [ "-" ] [ "_" ] pname;
+    in
+    buildPythonPackage {
+      inherit
+        pname
+        version
+        meta
+        dependencies
+        ;
       format = "wheel";
       src = fetchurl {
-        url = "https://files.pythonhosted.org/packages/py3/f/fla-core/fla_core-${version}-py3-none-any.whl";
-        hash = "sha256-XIJv8y2va2KWWOPk9hJdh8+MMu6pN+O+m6hfUZUdgJo=";
+        url = "https://files.pythonhosted.org/packages/py3/f/${pname}/${stem}-${version}-py3-none-any.whl";
+        inherit hash;
       };
-      dependencies = [
-        torch
-        einops
-      ];
+      # torch propagates python ninja, whose setup hook would make ninja the build/install phase.
+      dontUseNinjaBuild = true;
+      dontUseNinjaInstall = true;
+      dontUseNinjaCheck = true;
       # `fla` imports triton and probes the GPU at import time: checked on GPU machines, not in the sandbox.
       pythonImportsCheck = [ ];
-    }
-  );
+    };
+in
+rec {
+  fla-core = wheel {
+    pname = "fla-core";
+    hash = "sha256-XIJv8y2va2KWWOPk9hJdh8+MMu6pN+O+m6hfUZUdgJo=";
+    dependencies = [
+      torch
+      einops
+    ];
+  };
 
-  flash-linear-attention = buildPythonPackage (
-    wheelHooks
-    // {
-      pname = "flash-linear-attention";
-      inherit version meta;
-      format = "wheel";
-      src = fetchurl {
-        url = "https://files.pythonhosted.org/packages/py3/f/flash-linear-attention/flash_linear_attention-${version}-py3-none-any.whl";
-        hash = "sha256-kuZOmJ7TQ1XB+DgjJZey45eD7gSUraMZm1jhVqodjrg=";
-      };
-      dependencies = [
-        fla-core
-        transformers
-      ];
-      pythonImportsCheck = [ ];
-    }
-  );
+  flash-linear-attention = wheel {
+    pname = "flash-linear-attention";
+    hash = "sha256-kuZOmJ7TQ1XB+DgjJZey45eD7gSUraMZm1jhVqodjrg=";
+    dependencies = [
+      fla-core
+      transformers
+    ];
+  };
 }

@@ -33,7 +33,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
+
+if TYPE_CHECKING:
+    import pytest
+
+# The repository and revision the checkpoint tests serve and ask for.
+REPO = "turboderp/GLM-5.3-Flash-exl3"
+REV = "332ab457b709b7ba30dd9a448be5de03b80a7ac9"
 
 
 @dataclass
@@ -323,4 +331,18 @@ def serve_fake_hub(hub: FakeHub | None = None) -> Iterator[FakeHub]:
         thread.join(timeout=5)
 
 
-__all__ = ["FakeHub", "Request", "serve_fake_hub"]
+@contextmanager
+def serve_repo(source: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """A fake Hub serving the folder `source` as REPO at REV, with HF_ENDPOINT pointing at it."""
+    with serve_fake_hub() as hub:
+        hub.add_repo(REPO, REV, source)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        yield hub
+
+
+def download_args(target: Path) -> list[str]:
+    """`glm53 model download` of REPO at REV into `target`."""
+    return ["model", "download", REPO, "--revision", REV, "--model-dir", str(target)]
+
+
+__all__ = ["REPO", "REV", "FakeHub", "Request", "download_args", "serve_fake_hub", "serve_repo"]

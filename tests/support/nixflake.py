@@ -81,12 +81,37 @@ def output_path(graph: dict[str, Any], name: str) -> str:
     return path
 
 
+def filled_lock(folder: Path, **changes: Any) -> Path:
+    """A copy of the lock in `folder` with the vLLM engine's pins filled (made-up commits and hashes), and
+    `changes` by dotted field name."""
+    lock = json.loads((ROOT / "repro.lock.json").read_text())
+    pins = [
+        lock["engine"]["vllm"],
+        lock["engine"]["glm53_overlay"],
+        *lock["engine"]["vllm_cmake_sources"]["sources"].values(),
+    ]
+    for number, pin in enumerate(pins):
+        pin.update(rev=f"{number:x}" * 40, hash="sha256-" + "A" * 43 + "=")
+    lock["engine"]["vllm"]["image"]["hash"] = "sha256-" + "B" * 43 + "="
+    for path, value in changes.items():
+        node = lock
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "repro.lock.json"
+    path.write_text(json.dumps(lock))
+    return path
+
+
 __all__ = [
     "STAND_IN",
     "SYSTEM",
     "closure",
     "derivations",
     "evaluate",
+    "filled_lock",
     "flake",
     "instantiate",
     "named",

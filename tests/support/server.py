@@ -103,15 +103,33 @@ def build_tiny_model(model_dir: Path, env: dict[str, str]) -> None:
         raise RuntimeError(f"glm53 demo --prepare-only failed ({result.returncode}):\n{result.stderr[-4000:]}")
 
 
-def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer:
+def server_env(workdir: Path) -> dict[str, str]:
+    """The environment a server under `workdir` runs in: its own caches, no API key."""
     env = dict(os.environ)
     env["XDG_CACHE_HOME"] = str(workdir / "cache")
     env["HF_HOME"] = str(workdir / "hf")
     env.pop("VLLM_API_KEY", None)
+    return env
+
+
+def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer:
     model_dir = workdir / "tiny"
-    build_tiny_model(model_dir, env)
-    port = free_port()
-    log_path = workdir / "server.log"
+    build_tiny_model(model_dir, server_env(workdir))
+    return serve_model(workdir, model_dir, free_port(), model_name)
+
+
+def serve_model(
+    workdir: Path,
+    model_dir: Path,
+    port: int,
+    model_name: str,
+    *,
+    log_name: str = "server.log",
+    what: str = "the server",
+) -> VllmServer:
+    """`glm53 serve --profile cpu-tiny` on `model_dir` at `port` (caches and log under `workdir`), returned once its
+    /health answers 200; `what` names it in the errors."""
+    log_path = workdir / log_name
     argv = [
         *glm53_executable(),
         "serve",
@@ -129,7 +147,7 @@ def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             argv,
-            env=env,
+            env=server_env(workdir),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -147,7 +165,7 @@ def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer
     while True:
         if process.poll() is not None:
             server.stop()
-            raise RuntimeError(f"the server exited with {process.returncode} before it was ready:\n{server.log_tail()}")
+            raise RuntimeError(f"{what} exited with {process.returncode} before it was ready:\n{server.log_tail()}")
         try:
             if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
                 break
@@ -155,7 +173,7 @@ def start_server(workdir: Path, *, model_name: str = "glm53-tiny") -> VllmServer
             pass
         if time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"the server was not ready after {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
+            raise RuntimeError(f"{what} was not ready after {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
         time.sleep(0.5)
     server.ready_seconds = time.monotonic() - started
     return server

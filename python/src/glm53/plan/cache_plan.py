@@ -359,36 +359,18 @@ def trace_plan(
     learn, score = trace.split(learn_fraction)
     rankings, curves = learned if learned is not None else learn_from_trace(learn)
     splits, hedge = hedged_split(curves, budget, min_slots=min_slots)
-    layers: list[LayerCache] = []
-    scored_hits = 0
-    for index, (layer, (pinned, window), curve) in enumerate(zip(moe_layers, splits, curves, strict=True)):
-        s = pinned + window
-        hits = pinned_lru_hits(score.routes[:, index, :], experts, rankings[index], [(pinned, s - pinned)])[0]
-        scored_hits += hits
-        layers.append(
-            LayerCache(
-                layer=layer,
-                slots=s,
-                pinned=pinned,
-                window=s - pinned,
-                learned_hit_rate=float(curve.hits[_row(curve, pinned), s - pinned] / curve.accesses),
-                scored_hit_rate=hits / (score.steps * score.top_k),
-            )
-        )
-    return CachePlan(
-        strategy="trace",
+    return _held_out_plan(
+        learn,
+        score,
+        moe_layers,
+        experts,
+        rankings,
+        [
+            (pinned + window, pinned, float(curve.hits[_row(curve, pinned), window] / curve.accesses))
+            for (pinned, window), curve in zip(splits, curves, strict=True)
+        ],
         source=source,
-        total_slots=sum(layer.slots for layer in layers),
-        layers=layers,
-        learned_steps=learn.steps,
-        scored_steps=score.steps,
-        expected_hit_rate=scored_hits / (score.steps * score.top_k * len(moe_layers)),
-        hit_rate_basis=(f"held out: learned on the first {learn.steps:,} steps, scored on the other {score.steps:,}"),
-        rankings={str(layer): rankings[i].tolist() for i, layer in enumerate(moe_layers)},
-        hedge_weight=hedge.weight,
-        learned_hit_rate_unhedged=hedge.unhedged_hits / max(1, hedge.accesses),
-        drift_case_hit_rate=hedge.drift_hits / max(1, hedge.accesses),
-        recipe_drift_case_hit_rate=hedge.recipe_drift_hits / max(1, hedge.accesses),
+        hedge=hedge,
     )
 
 
@@ -413,37 +395,59 @@ def recommended_plan(
     share = choice.engine("vllm").choice.pinned_fraction or 0.0
     counts = learn.counts()
     rankings = [rank_experts(row) for row in counts]
-    layers: list[LayerCache] = []
-    scored_hits = 0
-    for index, (layer, slots) in enumerate(
-        zip(moe_layers, uniform_split(budget, len(moe_layers), experts), strict=True)
-    ):
+    layers = []
+    for index, slots in enumerate(uniform_split(budget, len(moe_layers), experts)):
         pinned = round(share * slots)
-        routes = score.routes[:, index, :]
-        hits = pinned_lru_hits(routes, experts, rankings[index], [(pinned, slots - pinned)])[0]
         learned = pinned_lru_hits(learn.routes[:, index, :], experts, rankings[index], [(pinned, slots - pinned)])[0]
+        layers.append((slots, pinned, learned / (learn.steps * learn.top_k)))
+    return _held_out_plan(learn, score, moe_layers, experts, rankings, layers, source=source, recommendation=choice)
+
+
+def _held_out_plan(
+    learn: RoutingTrace,
+    score: RoutingTrace,
+    moe_layers: tuple[int, ...],
+    experts: int,
+    rankings: NDArray[np.int64] | list[NDArray[np.int64]],
+    layers: list[tuple[int, int, float]],
+    *,
+    source: str,
+    hedge: Hedge | None = None,
+    recommendation: Recommendation | None = None,
+) -> CachePlan:
+    """A trace plan from each layer's (slots, pinned, learned hit rate), every layer scored on the held-out
+    `score` part with the rankings learned on `learn`: the pinned hottest, the rest of the slots LRU."""
+    caches: list[LayerCache] = []
+    scored_hits = 0
+    for index, (layer, (slots, pinned, learned_hit_rate)) in enumerate(zip(moe_layers, layers, strict=True)):
+        hits = pinned_lru_hits(score.routes[:, index, :], experts, rankings[index], [(pinned, slots - pinned)])[0]
         scored_hits += hits
-        layers.append(
+        caches.append(
             LayerCache(
                 layer=layer,
                 slots=slots,
                 pinned=pinned,
                 window=slots - pinned,
-                learned_hit_rate=learned / (learn.steps * learn.top_k),
+                learned_hit_rate=learned_hit_rate,
                 scored_hit_rate=hits / (score.steps * score.top_k),
             )
         )
+    accesses = max(1, hedge.accesses) if hedge is not None else 1
     return CachePlan(
         strategy="trace",
         source=source,
-        total_slots=sum(layer.slots for layer in layers),
-        layers=layers,
+        total_slots=sum(cache.slots for cache in caches),
+        layers=caches,
         learned_steps=learn.steps,
         scored_steps=score.steps,
         expected_hit_rate=scored_hits / (score.steps * score.top_k * len(moe_layers)),
         hit_rate_basis=(f"held out: learned on the first {learn.steps:,} steps, scored on the other {score.steps:,}"),
         rankings={str(layer): rankings[i].tolist() for i, layer in enumerate(moe_layers)},
-        recommendation=choice,
+        hedge_weight=hedge.weight if hedge is not None else None,
+        learned_hit_rate_unhedged=hedge.unhedged_hits / accesses if hedge is not None else None,
+        drift_case_hit_rate=hedge.drift_hits / accesses if hedge is not None else None,
+        recipe_drift_case_hit_rate=hedge.recipe_drift_hits / accesses if hedge is not None else None,
+        recommendation=recommendation,
     )
 
 

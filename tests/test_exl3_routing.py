@@ -20,6 +20,7 @@ from glm53.errors import BadInput
 from glm53.plan.exl3_capture import compare_capture, load_capture
 from glm53.plan.traces import read_trace
 from glm53.recipe.profiles import load_profile
+from glm53.serve.launch import LaunchSpec
 from glm53.serve.resolve import ServeRequest, resolve_launch
 from glm53.serve.tabby import build_tabby_launch, tabby_main
 
@@ -66,10 +67,9 @@ def test_the_recorder_runs_the_program_as_its_own_main_and_writes_the_capture(tm
     assert np.array_equal(trace.routes[:, 2], capture.layers[2].routes)
 
 
-def test_serve_puts_the_recorder_in_front_of_tabbyapi(tmp_path: Path) -> None:
-    profile = load_profile("exl3-1gpu", environ={}, env_file=None, overrides=[], plan=[])
-    spec = build_tabby_launch(
-        profile,
+def _launch(tmp_path: Path) -> LaunchSpec:
+    return build_tabby_launch(
+        load_profile("exl3-1gpu", environ={}),
         model_dir=tmp_path,
         host="127.0.0.1",
         port=8011,
@@ -80,6 +80,10 @@ def test_serve_puts_the_recorder_in_front_of_tabbyapi(tmp_path: Path) -> None:
         python=sys.executable,
         capture_routing=tmp_path / "routing",
     )
+
+
+def test_serve_puts_the_recorder_in_front_of_tabbyapi(tmp_path: Path) -> None:
+    spec = _launch(tmp_path)
     main = str(STAND_IN / "tabby" / "main.py")
     assert spec.argv[:5] == [sys.executable, "-m", "glm53.serve.exl3_routing", "--out", str(tmp_path / "routing")]
     assert tabby_main(spec.argv) == main and spec.argv[5:7] == [main, "--config"]
@@ -90,20 +94,8 @@ def test_serve_puts_the_recorder_in_front_of_tabbyapi(tmp_path: Path) -> None:
 def test_an_earlier_capture_is_never_replaced(tmp_path: Path, existing: str) -> None:
     (tmp_path / "routing").mkdir()
     (tmp_path / "routing" / existing).write_bytes(b"earlier")
-    profile = load_profile("exl3-1gpu", environ={}, env_file=None, overrides=[], plan=[])
     with pytest.raises(BadInput, match=f"already holds {existing}"):
-        build_tabby_launch(
-            profile,
-            model_dir=tmp_path,
-            host="127.0.0.1",
-            port=8011,
-            listen_all=False,
-            plan=None,
-            api_key=False,
-            environ={},
-            python=sys.executable,
-            capture_routing=tmp_path / "routing",
-        )
+        _launch(tmp_path)
     assert (tmp_path / "routing" / existing).read_bytes() == b"earlier"
 
 

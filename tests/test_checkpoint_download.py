@@ -102,7 +102,7 @@ def test_download_against_a_given_lock_fetches_only_locked_files(hub: FakeHub, s
     lock_path = tmp_path / "pinned.lock.json"
     write_lock(lock_from_directory(partial, repo=REPO, revision=REV), lock_path)
     target = tmp_path / "dl"
-    result = run_glm53(*download_args(target), "--lock", str(lock_path))
+    result = run_glm53(*download_args(target), "--checkpoint-lock", str(lock_path))
     assert result.code == 0, result.stderr
     assert sorted(p.name for p in target.iterdir() if p.is_file()) == ["config.json", "kpool_aux.safetensors"]
 
@@ -114,7 +114,7 @@ def test_download_detects_content_that_differs_from_the_lock(hub: FakeHub, sourc
     tampered[-1] ^= 0xFF
     (source / "mtp.safetensors").write_bytes(bytes(tampered))
     hub.add_repo(REPO, REV, source)  # the server now serves different bytes for the pinned revision
-    result = run_glm53(*download_args(tmp_path / "dl"), "--lock", str(lock_path))
+    result = run_glm53(*download_args(tmp_path / "dl"), "--checkpoint-lock", str(lock_path))
     assert result.code == 1
     assert "hash mismatch" in result.stderr and "mtp.safetensors" in result.stderr
 
@@ -125,7 +125,7 @@ def test_download_refuses_a_file_the_hub_serves_at_another_size(hub: FakeHub, so
     (source / "mtp.safetensors").write_bytes((source / "mtp.safetensors").read_bytes() + b" ")
     hub.add_repo(REPO, REV, source)
     target = tmp_path / "dl"
-    result = run_glm53(*download_args(target), "--lock", str(lock_path))
+    result = run_glm53(*download_args(target), "--checkpoint-lock", str(lock_path))
     assert result.code == 1 and "mtp.safetensors" in result.stderr and "the lock says" in result.stderr
     assert not hub.gets("mtp.safetensors") and not (target / "mtp.safetensors").exists()
 
@@ -135,7 +135,7 @@ def test_download_refuses_a_branch_name_and_a_mismatched_lock(hub: FakeHub, sour
     assert result.code == 2 and "40-hex" in result.stderr
     lock_path = tmp_path / "other.lock.json"
     write_lock(lock_from_directory(source, repo="someone/else", revision=REV), lock_path)
-    result = run_glm53(*download_args(tmp_path / "dl"), "--lock", str(lock_path))
+    result = run_glm53(*download_args(tmp_path / "dl"), "--checkpoint-lock", str(lock_path))
     assert result.code == 2 and "someone/else" in result.stderr
     assert not [r for r in hub.requests if "/resolve/" in r.path]
 

@@ -364,7 +364,7 @@ def test_corrupt_bytes_are_quarantined_out_of_the_loaders_sight(hub: FakeHub, so
     (source / "mtp.safetensors").write_bytes(bytes(tampered))
     hub.add_repo(REPO, REV, source)
     target = tmp_path / "dl"
-    result = run_glm53(*download_args(target), "--lock", str(lock_path))
+    result = run_glm53(*download_args(target), "--checkpoint-lock", str(lock_path))
     assert result.code == 1
     assert "hash mismatch" in result.stderr
     where = quarantine_path(target, "mtp.safetensors")
@@ -377,7 +377,7 @@ def test_corrupt_bytes_are_quarantined_out_of_the_loaders_sight(hub: FakeHub, so
     # The Hub fixed: the next run fetches it whole and succeeds; the quarantined bytes are left for inspection.
     (source / "mtp.safetensors").write_bytes(bytes(tampered[:-1]) + bytes([tampered[-1] ^ 0xFF]))
     hub.add_repo(REPO, REV, source)
-    again = run_glm53(*download_args(target), "--lock", str(lock_path), "--json")
+    again = run_glm53(*download_args(target), "--checkpoint-lock", str(lock_path), "--json")
     assert again.code == 0, again.stderr
     assert [r.range for r in hub.gets("mtp.safetensors")][-1] is None
 
@@ -459,7 +459,9 @@ def test_a_lock_listing_tool_files_is_refused(tmp_path: Path) -> None:
     lock = lock_from_directory(root, use_cache=False).model_dump(mode="json")
     lock["files"][0]["path"] = ".cache/glm53/partial/x.part"
     (tmp_path / "evil.lock.json").write_text(json.dumps(lock))
-    result = run_glm53("model", "verify", "--model-dir", str(root), "--lock", str(tmp_path / "evil.lock.json"))
+    result = run_glm53(
+        "model", "verify", "--model-dir", str(root), "--checkpoint-lock", str(tmp_path / "evil.lock.json")
+    )
     assert result.code == 2 and "tool file" in result.stderr
 
 

@@ -110,7 +110,7 @@ def test_malformed_locks_are_refused_naming_the_field(checkpoint: Path, tmp_path
     with pytest.raises(BadInput) as caught:
         load_lock(path)
     assert str(path) in caught.value.message and message in caught.value.message
-    result = run_glm53("model", "verify", "--model-dir", str(checkpoint), "--lock", str(path))
+    result = run_glm53("model", "verify", "--model-dir", str(checkpoint), "--checkpoint-lock", str(path))
     assert result.code == 2
 
 

@@ -124,6 +124,10 @@ def test_a_flag_means_one_thing_everywhere() -> None:
                 assert param.default == Path("/"), path
             if "--plots" in param.opts:  # whether to draw; where is --plots-dir
                 assert param.is_flag, path
+            if "--lock" in param.opts:  # repro.lock.json, and nothing else
+                assert param.opts == ["--lock"] and "repro.lock.json" in (param.help or ""), path
+            if "--checkpoint-lock" in param.opts:  # a checkpoint's lock, under `model`
+                assert path[0] == "model" and "checkpoint" in (param.help or "").lower(), path
 
 
 # Commands whose --out is a directory added to, not a file replaced: a bench report gains a section at a time.

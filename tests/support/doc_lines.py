@@ -171,7 +171,7 @@ EXPECTED: dict[str, Expect] = {
     "glm53 model lock turboderp/GLM-5.3-Flash-exl3 --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9 "
     "--out glm53.lock.json": Expect(3, HUB, needs="hardware"),
     "glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9 "
-    "--model-dir /srv/models/glm53 --lock glm53.lock.json": Expect(
+    "--model-dir /srv/models/glm53 --checkpoint-lock glm53.lock.json": Expect(
         2, "checkpoint lock not found: glm53.lock.json", needs="hardware"
     ),
     "REV=332ab457b709b7ba30dd9a448be5de03b80a7ac9": Expect(0),
@@ -179,11 +179,11 @@ EXPECTED: dict[str, Expect] = {
         3, HUB, needs="hardware"
     ),
     "glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision $REV --model-dir /srv/models/glm53 "
-    "--lock glm53.lock.json": Expect(2, "checkpoint lock not found: glm53.lock.json", needs="hardware"),
+    "--checkpoint-lock glm53.lock.json": Expect(2, "checkpoint lock not found: glm53.lock.json", needs="hardware"),
     "glm53 model install --model-dir /srv/models/glm53": Expect(
         2, "model directory not found: /srv/models/glm53", needs="hardware"
     ),
-    "glm53 model verify --model-dir /srv/models/glm53 --lock glm53.lock.json": Expect(
+    "glm53 model verify --model-dir /srv/models/glm53 --checkpoint-lock glm53.lock.json": Expect(
         2, "model directory not found: /srv/models/glm53", needs="hardware"
     ),
     "glm53 doctor --model-dir /srv/models/glm53": Expect(

@@ -150,7 +150,7 @@ def resolve_lock(
         if (lock.repo, lock.revision) != (repo, revision):
             raise BadInput(
                 f"lock {path} pins {lock.repo}@{lock.revision}, not {repo}@{revision}",
-                hint="pass the matching --repo/--revision, or another --lock",
+                hint="pass the matching REPO and --revision, or another --checkpoint-lock",
             )
         return lock, path, False
     if lock_path is not None:

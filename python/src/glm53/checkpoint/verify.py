@@ -91,7 +91,7 @@ def verify_checkpoint(
     if not lock_path.exists():
         raise BadInput(
             f"checkpoint lock not found: {lock_path}",
-            hint="make one with `glm53 model lock`, or pass --lock FILE",
+            hint="make one with `glm53 model lock`, or pass --checkpoint-lock FILE",
         )
     lock = load_lock(lock_path)
 

@@ -16,10 +16,10 @@ from glm53.checkpoint.verify import verify_checkpoint
 from glm53.cli.app import App
 from glm53.cli.options import (
     OUT_POLICY,
+    CheckpointLockOpt,
     ForceOpt,
     JobsOpt,
     JsonOpt,
-    LockOpt,
     ModelDirOpt,
     NoCacheOpt,
     RequiredModelDirOpt,
@@ -107,7 +107,7 @@ def download_cmd(
     ],
     revision: Annotated[str, typer.Option("--revision", help="Full 40-hex commit to download.", show_default=False)],
     model_dir: RequiredModelDirOpt,
-    lock_path: LockOpt = None,
+    lock_path: CheckpointLockOpt = None,
     jobs: JobsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -117,7 +117,7 @@ def download_cmd(
 
     Examples:
       glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision REV --model-dir /srv/models/glm53
-      glm53 model download turboderp/GLM-5.3-Flash-exl3 --revision REV --model-dir DIR --lock L
+      glm53 model download REPO --revision REV --model-dir DIR --checkpoint-lock glm53.lock.json
     """
 
     out = Output(json_mode=json_out)
@@ -141,7 +141,7 @@ def download_cmd(
 @model_app.command("verify")
 def verify_cmd(
     model_dir: RequiredModelDirOpt,
-    lock_path: LockOpt = None,
+    lock_path: CheckpointLockOpt = None,
     jobs: JobsOpt = None,
     no_cache: NoCacheOpt = False,
     json_out: JsonOpt = False,
@@ -152,7 +152,7 @@ def verify_cmd(
 
     Examples:
       glm53 model verify --model-dir /srv/models/glm53
-      glm53 model verify --model-dir /srv/models/glm53 --lock glm53.lock.json --no-cache --json
+      glm53 model verify --model-dir DIR --checkpoint-lock glm53.lock.json --no-cache --json
     """
 
     out = Output(json_mode=json_out)

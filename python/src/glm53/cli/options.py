@@ -16,8 +16,9 @@ The surface's rules (tests/test_cli_surface.py holds every command to those a te
 - `--force` replaces an existing output file; without it the command refuses before doing any work. A bench
   report directory is added to, a section at a time, not replaced. `--yes` answers a confirmation instead
   (`repro resolve` edits repro.lock.json in place after showing the diff).
-- `--lock` is the lock file the command reads in place of its default: under `model` a checkpoint lock,
-  under `repro` repro.lock.json (each group has one kind).
+- `--lock` is repro.lock.json, where a command reads it in place of the one it finds (`repro`);
+  `--checkpoint-lock` is a checkpoint's lock in place of MODEL_DIR/checkpoint.lock.json (`model`). One flag,
+  one kind of file.
 - `--json` prints the result on stdout as JSON: the result model's own dump.
 - Every leaf command's help ends with an `Examples:` section of command lines that run as written.
 """
@@ -58,9 +59,9 @@ def refuse_to_replace(paths: Iterable[Path], *, force: bool) -> None:
             raise BadInput(f"{path} already exists", hint="pass --force to replace it")
 
 
-LockOpt = Annotated[
+CheckpointLockOpt = Annotated[
     Path | None,
-    typer.Option("--lock", help="Checkpoint lock file (default: MODEL_DIR/checkpoint.lock.json)."),
+    typer.Option("--checkpoint-lock", help="Checkpoint lock file (default: MODEL_DIR/checkpoint.lock.json)."),
 ]
 RevisionOpt = Annotated[str, typer.Option("--revision", help="Full 40-hex commit of the Hub repository.")]
 # The checkpoint directory, spelled the same in every command that takes one.

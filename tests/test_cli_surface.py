@@ -237,6 +237,32 @@ def test_a_changed_default_in_the_library_models_shows_in_their_commands_help() 
     assert "[default: http://127.0.0.1:8000]" in _flat(HELP[("bench", "run")])
 
 
+def test_plan_host_shows_the_recipe_profiles_values_as_its_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ServingShape's defaults are the default profile's values: a changed profile changes plan host's help."""
+    from glm53.cli import plan
+    from glm53.plan import shape
+    from glm53.recipe.profiles import DEFAULT_PROFILE, load_profile
+
+    def host_help() -> str:
+        return _help_of(
+            options_from(
+                shape.ServingShape,
+                "shape",
+                fields=plan.SHAPE_FIELDS,
+                flags=plan.SHAPE_FLAGS,
+                given_only="the --profile's value, else {default}",
+            )(plan.host_cmd.__wrapped__)
+        )
+
+    recipe = load_profile(DEFAULT_PROFILE)
+    assert f"else {recipe.value('MAX_MODEL_LEN')}" in host_help()
+    changed = load_profile(DEFAULT_PROFILE, overrides=[("MAX_MODEL_LEN", "65536"), ("TENSOR_PARALLEL_SIZE", "4")])
+    monkeypatch.setattr(shape, "recipe_profile", lambda: changed)
+    shown = host_help()
+    assert "the longest context, in tokens. Default: the --profile's value, else 65536." in shown
+    assert "GPUs the model is split over. Default: the --profile's value, else 4." in shown
+
+
 def test_the_version_is_the_package_metadata_s() -> None:
     from importlib import metadata
 

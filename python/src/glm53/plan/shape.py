@@ -1,36 +1,96 @@
 """The serving shape the planner sizes for: the recipe's values, or a serving profile's, with the ones given
-on the command line over them; the CLI builds its options from ServingShape."""
+on the command line over them; the CLI builds its options from ServingShape.
+
+The recipe's values are its default profile's (glm53.recipe.profiles.DEFAULT_PROFILE, a data file): each field
+a profile sets takes its default from there, so that editing the profile moves the planner's defaults and
+`glm53 plan host --help` with them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from glm53.constants import GIB, MIB
 from glm53.errors import BadInput
-from glm53.recipe.profiles import load_profile
+from glm53.recipe.profiles import DEFAULT_PROFILE, KEYS, Profile, load_profile
+
+# The fields a serving profile sets, and the profile key of each (the recipe's key names).
+PROFILE_KEYS: dict[str, str] = {
+    "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
+    "max_model_len": "MAX_MODEL_LEN",
+    "max_num_seqs": "MAX_NUM_SEQS",
+    "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS",
+    "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION",
+    "kv_cache_memory_bytes": "KV_CACHE_MEMORY_BYTES",
+}
+# Where the recipe's profile may leave a key empty: None (KV_CACHE_MEMORY_BYTES: derived for the context).
+_EMPTY_IS_NONE = frozenset({"kv_cache_memory_bytes"})
+
+
+@functools.cache
+def recipe_profile() -> Profile:
+    """The recipe's default profile, as packaged (no environment, no --set): where the shape's defaults live."""
+    return load_profile(DEFAULT_PROFILE)
+
+
+def _number(key: str, raw: str) -> int | float:
+    return int(raw) if KEYS[key].kind == "int" else float(raw)
+
+
+def _recipe(field: str) -> Callable[[], Any]:
+    """The default of `field`: its key's value in the recipe's default profile (an int or a float, as the key's
+    kind; the model validates it against the field)."""
+    key = PROFILE_KEYS[field]
+
+    def default() -> int | float | None:
+        raw = recipe_profile().value(key)
+        if raw != "":
+            return _number(key, raw)
+        if field in _EMPTY_IS_NONE:
+            return None
+        raise BadInput(
+            f"profile {DEFAULT_PROFILE} leaves {key} empty: the planner takes its default from there",
+            hint=f"set {key} in data/profiles/{DEFAULT_PROFILE}.env",
+        )
+
+    return default
 
 
 class ServingShape(BaseModel):
-    """The profile values the planner reads (recipe key names in the comments); defaults are the recipe's."""
+    """The profile values the planner reads (recipe key names in the descriptions); the defaults of those a
+    profile sets are the recipe's default profile's (PROFILE_KEYS), read from its file."""
 
-    model_config = ConfigDict(frozen=True)
+    # validate_default: a value taken from the profile is held to the field's bounds like a given one
+    model_config = ConfigDict(frozen=True, validate_default=True)
 
     tensor_parallel_size: int = Field(
-        default=2, ge=1, description="TENSOR_PARALLEL_SIZE: GPUs the model is split over."
+        default_factory=_recipe("tensor_parallel_size"),
+        ge=1,
+        description="TENSOR_PARALLEL_SIZE: GPUs the model is split over.",
     )
-    max_model_len: int = Field(default=262_144, gt=0, description="MAX_MODEL_LEN: the longest context, in tokens.")
-    max_num_seqs: int = Field(default=1, ge=1, description="MAX_NUM_SEQS: sequences served at once.")
+    max_model_len: int = Field(
+        default_factory=_recipe("max_model_len"), gt=0, description="MAX_MODEL_LEN: the longest context, in tokens."
+    )
+    max_num_seqs: int = Field(
+        default_factory=_recipe("max_num_seqs"), ge=1, description="MAX_NUM_SEQS: sequences served at once."
+    )
     max_num_batched_tokens: int = Field(
-        default=8192, gt=0, description="MAX_NUM_BATCHED_TOKENS: tokens per engine step (the prefill chunk)."
+        default_factory=_recipe("max_num_batched_tokens"),
+        gt=0,
+        description="MAX_NUM_BATCHED_TOKENS: tokens per engine step (the prefill chunk).",
     )
     gpu_memory_utilization: float = Field(
-        default=0.94, gt=0.0, le=1.0, description="GPU_MEMORY_UTILIZATION: the share of each GPU vLLM may use."
+        default_factory=_recipe("gpu_memory_utilization"),
+        gt=0.0,
+        le=1.0,
+        description="GPU_MEMORY_UTILIZATION: the share of each GPU vLLM may use.",
     )
     # None: derive it for the context
     kv_cache_memory_bytes: int | None = Field(
-        default=3_328_599_040,
+        default_factory=_recipe("kv_cache_memory_bytes"),
         gt=0,
         description="KV_CACHE_MEMORY_BYTES: the KV cache per GPU; 'derive' sizes it for the context.",
     )
@@ -45,10 +105,8 @@ class ServingShape(BaseModel):
 
 
 def shape_from_profile(profile: object) -> ServingShape:
-    """A ServingShape from a glm53.recipe.profiles.Profile (its `value(KEY)` strings; empty = the recipe default).
-
-    Duck-typed on `value` so that the planner does not depend on the profile module.
-    """
+    """A ServingShape from a glm53.recipe.profiles.Profile (its `value(KEY)` strings; empty = the recipe default,
+    KV_CACHE_MEMORY_BYTES empty = derived for the context). Duck-typed on `value`."""
     value = profile.value  # type: ignore[attr-defined]
     defaults = ServingShape()
 
@@ -81,7 +139,7 @@ def shape_from_profile(profile: object) -> ServingShape:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else ""
         raise BadInput(
-            f"profile value {field.upper()}={error.get('input')!r}: {error['msg']}",
+            f"profile value {PROFILE_KEYS.get(field, field.upper())}={error.get('input')!r}: {error['msg']}",
             hint="fix that value of the profile (or give the flag over it)",
         ) from exc
 
@@ -94,4 +152,4 @@ def serving_shape(profile: str | None, overrides: Mapping[str, object] | None = 
     return ServingShape.model_validate({**base.model_dump(), **(overrides or {})})
 
 
-__all__ = ["ServingShape", "serving_shape", "shape_from_profile"]
+__all__ = ["PROFILE_KEYS", "ServingShape", "recipe_profile", "serving_shape", "shape_from_profile"]

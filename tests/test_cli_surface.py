@@ -237,6 +237,62 @@ def test_a_changed_default_in_the_library_models_shows_in_their_commands_help() 
     assert "[default: http://127.0.0.1:8000]" in _flat(HELP[("bench", "run")])
 
 
+def test_a_changed_default_in_the_bench_settings_shows_in_the_bench_commands_help() -> None:
+    """bench run, needle, coherence and agent rebuilt from settings models whose defaults changed, with no CLI
+    edit; the gate options list each kind's own keys."""
+    import inspect
+
+    from glm53.bench import settings
+    from glm53.cli import bench
+
+    class Run(settings.RunSettings):
+        runs: int = Field(5, ge=1, description="Runs per shape; the best is reported, all kept.")
+        style: Literal["prose", "random"] = Field("random", description="Prompt style.")
+
+    class Needle(settings.NeedleSettings):
+        sizes: tuple[int, ...] = Field((1024, 2048), description="Prompt sizes in tokens, comma-separated.")
+        max_tokens: int = Field(128, ge=8, description="Answer budget per question.")
+
+    class Coherence(settings.CoherenceSettings):
+        max_tokens: int = Field(4096, ge=8, description="Token budget per answer (thinking included).")
+
+    class Agent(settings.AgentSettings):
+        system_tokens: int = Field(512, ge=0, description="Size of the shared system prompt, in tokens.")
+
+    def rebuilt(model: type[settings.BenchSettings], command: Any, name: str) -> str:
+        return _help_of(bench.bench_options(model, name)(inspect.unwrap(command)))
+
+    run_help = rebuilt(Run, bench.run_cmd, "run")
+    assert "[default: 5]" in run_help and "[default: random]" in run_help and "[default: prose]" not in run_help
+    needle_help = rebuilt(Needle, bench.needle_cmd, "needle")
+    assert "[default: 1024,2048]" in needle_help and "[default: 128]" in needle_help
+    assert "[default: 4096]" in rebuilt(Coherence, bench.coherence_cmd, "coherence")
+    assert "[default: 512]" in rebuilt(Agent, bench.agent_cmd, "agent")
+    # and the commands as registered show the models' own defaults, and the keys each kind gates
+    shown = {name: _flat(HELP[("bench", name)]) for name in ("run", "needle", "coherence", "agent", "compare")}
+    assert f"[default: {settings.RunSettings().runs}]" in shown["run"]
+    assert "[default: 32768,131072,260096]" in shown["needle"] and "[default: 96]" in shown["needle"]
+    assert f"[default: {settings.CoherenceSettings().max_tokens}]" in shown["coherence"]
+    assert f"[default: {settings.AgentSettings().system_tokens}]" in shown["agent"]
+    assert "decode (best decode tok/s of every shape)" in shown["run"] and "ttft (" in shown["compare"]
+    assert "cache-hit (" in shown["agent"] and "pass-rate (" in shown["needle"] and "--fail-over" not in shown["needle"]
+    assert "--report-only" in shown["needle"] and "--report-only" not in shown["run"]
+
+
+def test_a_bench_value_the_settings_refuse_names_its_flag() -> None:
+    from tests.support.cli import run_glm53
+
+    for args, message in (
+        (("run", "--fail-under", "speed=3"), "--fail-under: 'speed=3' is not KEY=NUMBER with a known KEY"),
+        (("agent", "--fail-over", "ttft=3"), "--fail-over: 'ttft=3' is not KEY=NUMBER with a known KEY"),
+        (("needle", "--depths", "0.5,2"), "--depths: depths are fractions between 0 and 1"),
+        (("run", "--style", "poetry"), "--style"),
+        (("agent", "--system-tokens", "-1"), "--system-tokens"),
+    ):
+        result = run_glm53("bench", *args, "--base-url", "http://127.0.0.1:9")
+        assert result.code == 2 and message in result.stderr, (args, result.stderr)
+
+
 def test_plan_host_shows_the_recipe_profiles_values_as_its_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """ServingShape's defaults are the default profile's values: a changed profile changes plan host's help."""
     from glm53.cli import plan

@@ -34,6 +34,9 @@ from glm53.fsutil import read_json
 
 TASKS_SCHEMA: Literal["glm53.agent-tasks/1"] = "glm53.agent-tasks/1"
 TASKS_RESOURCE = "data/agent-tasks.json"
+# The shared system prompt's size and the budget per turn, in tokens (glm53.bench.settings.AgentSettings).
+DEFAULT_SYSTEM_TOKENS = 2048
+DEFAULT_MAX_TOKENS = 1024
 SESSION_HEADER = "X-Session-ID"
 
 
@@ -266,8 +269,8 @@ def run_agent(
     model: str,
     *,
     script: AgentScript | None = None,
-    system_tokens: int = 2048,
-    max_tokens: int = 1024,
+    system_tokens: int = DEFAULT_SYSTEM_TOKENS,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     on_turn: Callable[[TurnRecord], None] | None = None,
     on_section: Callable[[AgentSection], None] | None = None,
 ) -> AgentSection:

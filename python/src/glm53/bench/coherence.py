@@ -22,6 +22,8 @@ from glm53.bench.needle import JsonPoster
 
 # Room for a probe's prompt in the context: the chat template, the question and the get_weather schema.
 PROMPT_ALLOWANCE = 512
+# The token budget per answer, thinking included (glm53.bench.settings.CoherenceSettings).
+DEFAULT_MAX_TOKENS = 6144
 
 WEATHER_CITY = "Lisbon"
 WEATHER_TOOL: dict[str, Any] = {
@@ -124,7 +126,7 @@ def run_coherence(
     client: JsonPoster,
     model: str,
     *,
-    max_tokens: int = 6144,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     on_result: Callable[[CoherenceResult], None] | None = None,
     on_section: Callable[[CoherenceSection], None] | None = None,
 ) -> CoherenceSection:

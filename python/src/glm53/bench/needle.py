@@ -19,13 +19,17 @@ from glm53.bench.gates import GateResult, minimum_gates
 from glm53.bench.prompts import PromptFactory
 from glm53.errors import BadInput
 
-DEFAULT_SIZES = "32768,131072,260096"
-DEFAULT_DEPTHS = "0.05,0.25,0.5,0.75,0.95"
+# What `bench needle` asks by default (glm53.bench.settings.NeedleSettings): prompt sizes, needle depths and the
+# answer budget per question.
+DEFAULT_SIZES: tuple[int, ...] = (32_768, 131_072, 260_096)
+DEFAULT_DEPTHS: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
+DEFAULT_MAX_TOKENS = 96
 _WORDS = ("amber", "cobalt", "fennel", "granite", "harbor", "juniper", "lumen", "meadow", "quartz", "saffron")
 # Room for the chat template around the user message; the usage in the answer gives the exact count.
 _TEMPLATE_ALLOWANCE = 64
 # No served model has a context this long; a larger size is a typo that would fill memory building the haystack.
 MAX_SIZE_TOKENS = 10_000_000
+MIN_SIZE_TOKENS = 128
 
 
 class NeedleResult(BaseModel):
@@ -55,31 +59,37 @@ class JsonPoster(Protocol):
     def post_json(self, path: str, body: dict[str, Any]) -> tuple[int | None, Any, str | None]: ...
 
 
+def format_sizes(sizes: Sequence[int]) -> str:
+    """(32768, 131072) -> '32768,131072' (what parse_sizes reads back)."""
+    return ",".join(str(size) for size in sizes)
+
+
+def format_depths(depths: Sequence[float]) -> str:
+    """(0.05, 0.5) -> '0.05,0.5' (what parse_depths reads back)."""
+    return ",".join(f"{depth:g}" for depth in depths)
+
+
 def parse_sizes(spec: str, *, flag: str = "--sizes") -> list[int]:
+    example = f"e.g. {flag} {format_sizes(DEFAULT_SIZES)}"
     try:
         sizes = [int(part.replace("_", "")) for part in spec.split(",") if part.strip()]
     except ValueError as exc:
+        raise BadInput(f"{flag}: {spec!r} is not a comma-separated list of token counts", hint=example) from exc
+    if not sizes or any(not MIN_SIZE_TOKENS <= size <= MAX_SIZE_TOKENS for size in sizes):
         raise BadInput(
-            f"{flag}: {spec!r} is not a comma-separated list of token counts",
-            hint=f"e.g. {flag} {DEFAULT_SIZES}",
-        ) from exc
-    if not sizes or any(not 128 <= size <= MAX_SIZE_TOKENS for size in sizes):
-        raise BadInput(
-            f"{flag}: every size must be between 128 and {MAX_SIZE_TOKENS:,} tokens",
-            hint=f"e.g. {flag} {DEFAULT_SIZES}",
+            f"{flag}: every size must be between {MIN_SIZE_TOKENS} and {MAX_SIZE_TOKENS:,} tokens", hint=example
         )
     return sizes
 
 
 def parse_depths(spec: str, *, flag: str = "--depths") -> list[float]:
+    example = f"e.g. {flag} {format_depths(DEFAULT_DEPTHS)}"
     try:
         depths = [float(part) for part in spec.split(",") if part.strip()]
     except ValueError as exc:
-        raise BadInput(
-            f"{flag}: {spec!r} is not a comma-separated list of numbers", hint=f"e.g. {flag} {DEFAULT_DEPTHS}"
-        ) from exc
+        raise BadInput(f"{flag}: {spec!r} is not a comma-separated list of numbers", hint=example) from exc
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise BadInput(f"{flag}: depths are fractions between 0 and 1", hint=f"e.g. {flag} {DEFAULT_DEPTHS}")
+        raise BadInput(f"{flag}: depths are fractions between 0 and 1", hint=example)
     return depths
 
 
@@ -126,7 +136,7 @@ def run_needles(
     sizes: Sequence[int],
     depths: Sequence[float],
     *,
-    max_tokens: int = 96,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     max_model_len: int | None = None,
     seed: int = 0,
     on_result: Callable[[NeedleResult], None] | None = None,
@@ -225,7 +235,7 @@ def chat_answer(payload: Any) -> tuple[str, int | None]:
     return (content if isinstance(content, str) else ""), (prompt_tokens if counted else None)
 
 
-NEEDLE_FAIL_UNDER = {"pass-rate": "share of depths recalled, 0..1 (default 1: every depth)"}
+NEEDLE_FAIL_UNDER = {"pass-rate": "share of depths recalled, 0..1; without it, 1: every depth"}
 
 
 def needle_gates(section: NeedleSection, under: dict[str, float]) -> list[GateResult]:

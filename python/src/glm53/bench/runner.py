@@ -40,6 +40,8 @@ SESSION_HEADER = "X-Session-ID"
 # /metrics could vouch for them: other traffic on the engine, no /metrics); a stream that can never be timed is
 # still rejected every time.
 DEFAULT_RETRIES = 2
+# Runs per shape: the best is reported (glm53.bench.settings.RunSettings).
+DEFAULT_RUNS = 2
 
 
 class Shape(BaseModel):

@@ -6,33 +6,23 @@ Each command writes its section of OUT/summary.json (atomically; other sections 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from glm53.bench.agent import (
-    AGENT_FAIL_OVER,
-    AGENT_FAIL_UNDER,
-    agent_gates,
-    load_script,
-    require_completed_turns,
-    run_agent,
-    scripted_tokens,
-)
-from glm53.bench.agent import (
-    check_fits as check_agent_fits,
-)
+from glm53.bench.agent import check_fits as check_agent_fits
+from glm53.bench.agent import load_script, require_completed_turns, run_agent, scripted_tokens
 from glm53.bench.backends import parse_backends
-from glm53.bench.coherence import PROBES, PROMPT_ALLOWANCE, coherence_gates, run_coherence
-from glm53.bench.compare import COMPARE_FAIL_OVER, COMPARE_FAIL_UNDER, compare_gates, compare_reports
-from glm53.bench.gates import enforce_gates, parse_limits, parse_thresholds
-from glm53.bench.needle import NEEDLE_FAIL_UNDER, needle_gates, parse_depths, parse_sizes, run_needles
+from glm53.bench.coherence import PROBES, PROMPT_ALLOWANCE, run_coherence
+from glm53.bench.compare import compare_reports
+from glm53.bench.gates import enforce_gates, parse_thresholds
+from glm53.bench.needle import format_depths, format_sizes, parse_depths, parse_sizes, run_needles
 from glm53.bench.outcome import AgentOutcome, CoherenceOutcome, GatedComparison, NeedleOutcome, RunOutcome
 from glm53.bench.plots import write_report_plots
-from glm53.bench.prompts import PromptFactory, parse_style
+from glm53.bench.prompts import PromptFactory
 from glm53.bench.render import (
     agent_tables,
     coherence_line,
@@ -46,23 +36,23 @@ from glm53.bench.render import (
     with_gates,
 )
 from glm53.bench.report import json_safe, write_section
-from glm53.bench.runner import (
-    RUN_FAIL_OVER,
-    RUN_FAIL_UNDER,
-    fitting_shapes,
-    parse_shapes,
-    require_valid_runs,
-    run_benchmark,
-    run_gates,
-)
-from glm53.bench.runner import (
-    check_fits as check_shapes_fit,
-)
+from glm53.bench.runner import check_fits as check_shapes_fit
+from glm53.bench.runner import fitting_shapes, parse_shapes, require_valid_runs, run_benchmark
 from glm53.bench.session import check_answer_fits, checkpointer, measuring, resolve_api_key
+from glm53.bench.settings import (
+    GATE_FIELDS,
+    AgentSettings,
+    BenchSettings,
+    CoherenceSettings,
+    CompareSettings,
+    NeedleSettings,
+    RunSettings,
+    format_thresholds,
+)
 from glm53.bench.target import Target
 from glm53.cli.app import App
-from glm53.cli.model_options import Flag, options_from
-from glm53.cli.options import BenchApiKeyFileOpt, BenchApiKeyOpt, FiguresOpt, JsonOpt, ProfileName, ReportOnlyOpt
+from glm53.cli.model_options import Flag, flag_name, options_from
+from glm53.cli.options import BenchApiKeyFileOpt, BenchApiKeyOpt, FiguresOpt, JsonOpt, ProfileName
 from glm53.output import Output
 
 if TYPE_CHECKING:
@@ -91,12 +81,60 @@ TARGET_FLAGS = {
     "serve_profile": Flag("--profile", aliases=("-p",), type=ProfileName, metavar="NAME"),
     "backends": Flag("--backend", metavar="URL", parse=_backends),
 }
+# How the settings' fields are typed on the command line, where a field is not what is typed: a list as
+# comma-separated text, read by the library's parser (whose errors name the flag) and shown as it is typed.
+SETTINGS_FLAGS = {
+    "shapes": Flag(type=str, parse=parse_shapes, metavar="P:O,..."),
+    "sizes": Flag(type=str, parse=parse_sizes, show=format_sizes),
+    "depths": Flag(type=str, parse=parse_depths, show=format_depths),
+    "plots": Flag("--plots/--no-plots"),
+}
 
 
-def target_options(command: str, *, backends: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The Target options (with --backend for the commands that split by backend); the command gets a Target."""
-    fields = (*TARGET_FIELDS, "backends") if backends else TARGET_FIELDS
-    return options_from(Target, "target", fields=fields, flags=TARGET_FLAGS, hint=f"see `glm53 bench {command} --help`")
+def _gate_flags(settings: type[BenchSettings]) -> dict[str, Flag]:
+    """--fail-under and --fail-over as KEY=NUMBER text, read against the kind's keys (an absent one: no gate)."""
+
+    def reader(allowed: Mapping[str, str], flag: str) -> Callable[[str], dict[str, float]]:
+        return lambda text: parse_thresholds(text, allowed, flag=flag)
+
+    return {
+        field: Flag(
+            type=str,
+            metavar="KEY=N,...",
+            parse=reader(allowed, flag_name(field)),
+            show=lambda values: format_thresholds(values) or None,
+        )
+        for field, allowed in (("fail_under", settings.FAIL_UNDER), ("fail_over", settings.FAIL_OVER))
+    }
+
+
+def settings_options(settings: type[BenchSettings], command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The kind's options, from its settings model: its own fields, then its gates; the command gets the model."""
+    own = [field for field in settings.model_fields if field not in GATE_FIELDS]
+    fields = (*own, *(field for field in GATE_FIELDS if field in settings.model_fields))
+    return options_from(
+        settings,
+        "settings",
+        fields=fields,
+        flags={**SETTINGS_FLAGS, **_gate_flags(settings)},
+        hint=f"see `glm53 bench {command} --help`",
+    )
+
+
+def bench_options(
+    settings: type[BenchSettings], command: str, *, backends: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A measuring command's options: the Target's (with --backend for the commands that split by backend), then
+    the kind's settings; the command gets a Target and the settings model."""
+    target_fields = (*TARGET_FIELDS, "backends") if backends else TARGET_FIELDS
+    target = options_from(
+        Target, "target", fields=target_fields, flags=TARGET_FLAGS, hint=f"see `glm53 bench {command} --help`"
+    )
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        return target(settings_options(settings, command)(func))
+
+    return decorate
 
 
 def _attributed(
@@ -116,19 +154,19 @@ def _attributed(
 def _measure(
     name: str,
     target: Target,
-    api_key: str | None,
-    api_key_file: Path | None,
+    settings: BenchSettings,
     json_out: bool,
     *,
+    api_key: str | None,
+    api_key_file: Path | None,
     measure: Callable[[Session, Output, Callable[[Any], None]], Any],
-    gates: Callable[[Any], list[GateResult]],
     outcome: Callable[[Any, Path, list[GateResult], Output], BaseModel],
     render: Callable[[Console, Any], None],
-    enforce: bool = True,
 ) -> tuple[Any, Path]:
     """The steps every measuring command takes: connect and check that a report can be written, measure (the
-    section so far written after each request), add the per-backend split, gate, write the section, print the
-    outcome, exit 1 on a failed gate. Returns the section and the summary's path."""
+    section so far written after each request), add the per-backend split, gate (the settings' thresholds),
+    write the section, print the outcome, exit 1 on a failed gate (unless the settings only report). Returns
+    the section and the summary's path."""
 
     out = Output(json_mode=json_out)
     target = target.model_copy(update={"api_key": resolve_api_key(api_key, api_key_file)})
@@ -136,7 +174,7 @@ def _measure(
         section = measure(session, out, checkpointer(target.out_dir, session.environment, name, out.warn))
         if session.tracker is not None:
             section = section.model_copy(update={"backends": session.tracker.finish()})
-    results = gates(section)
+    results = settings.gates(section)
     path = write_section(target.out_dir, session.environment, **{name: section}, gates={name: results})
     _finish(
         out,
@@ -144,7 +182,7 @@ def _measure(
         outcome(section, path, results, out),
         results,
         lambda console: render(console, section),
-        enforce=enforce,
+        enforce=settings.enforced,
     )
     return section, path
 
@@ -159,8 +197,8 @@ def _finish(
     enforce: bool = True,
     where: str | None = None,
 ) -> None:
-    """Print the result and its gates; exit 1 when a gate failed. `where` names the report the values come
-    from (default: the summary just written, the result's `summary`)."""
+    """Print the result (the model's dump) and its gates; exit 1 when a gate failed. `where` names the report
+    the values come from (default: the summary just written, the result's `summary`)."""
 
     summary = getattr(result, "summary", None)
     # Valid JSON only: a value that is not a finite number is null, and `non_finite` says which.
@@ -170,39 +208,10 @@ def _finish(
 
 
 @bench_app.command("run")
-@target_options("run", backends=True)
+@bench_options(RunSettings, "run", backends=True)
 def run_cmd(
     target: Target,
-    shapes: Annotated[
-        str | None,
-        typer.Option(
-            "--shapes",
-            help="PROMPT:OUTPUT token counts, comma-separated. Default: the recipe's 8192:2048,131072:2048,"
-            "260096:2048, those that fit the server's max_model_len (when none does, one shape of half of it).",
-            show_default=False,
-        ),
-    ] = None,
-    runs: Annotated[int, typer.Option("--runs", min=1, help="Runs per shape; the best is reported, all kept.")] = 2,
-    retries: Annotated[
-        int,
-        typer.Option(
-            "--retries",
-            min=0,
-            help="Extra runs per shape in place of runs rejected for implausible timing (a stream the client "
-            "cannot time and the engine's /metrics cannot vouch for); the rejected runs stay in the report.",
-        ),
-    ] = 2,
-    style: Annotated[
-        Literal["prose", "random"], typer.Option("--style", help="Prompt style: prose (tiled text) or random ids.")
-    ] = "prose",
-    fail_under: Annotated[
-        str | None,
-        typer.Option("--fail-under", help="Minimums, e.g. decode=45,prefill=1000 (tok/s, every shape)."),
-    ] = None,
-    fail_over: Annotated[
-        str | None, typer.Option("--fail-over", help="Maximums, e.g. ttft=10 (seconds, every shape).")
-    ] = None,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write TTFT and decode PNGs into --out.")] = True,
+    settings: RunSettings,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
     json_out: JsonOpt = False,
@@ -214,18 +223,15 @@ def run_cmd(
       glm53 bench run --base-url http://lb:8100 --backend http://a:8000 --backend http://b:8000
     """
 
-    prompt_style = parse_style(style)
-    parsed = parse_shapes(shapes) if shapes is not None else None
-    under, over = parse_limits(fail_under, RUN_FAIL_UNDER, fail_over, RUN_FAIL_OVER)
-
     def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
-        chosen = parsed
+        chosen = list(settings.shapes) if settings.shapes is not None else None
         if chosen is None:
             chosen, note = fitting_shapes(session.server.max_model_len)
             if note is not None:
                 out.info(note)
         check_shapes_fit(chosen, session.server.max_model_len)
         served = session.server.model
+        runs = settings.runs
         out.info(f"benchmarking {served} at {session.server.base_url}: {len(chosen)} shapes x {runs} runs")
         with out.progress("requests", total=len(chosen) * runs) as bar:
             return run_benchmark(
@@ -234,25 +240,25 @@ def run_cmd(
                 served,
                 chosen,
                 runs=runs,
-                retries=retries,
-                style=prompt_style,
+                retries=settings.retries,
+                style=settings.style,
                 on_run=_attributed(session.tracker, lambda record: bar.step(run_line(record))),
                 on_retry=bar.extend,
                 on_section=checkpoint,
             )
 
     def outcome(section: Any, path: Path, gates: list[GateResult], out: Output) -> BaseModel:
-        written = write_report_plots(section, target.out_dir, warn=out.warn) if plots else []
+        written = write_report_plots(section, target.out_dir, warn=out.warn) if settings.plots else []
         return RunOutcome(summary=str(path), plots=[str(p) for p in written], run=section, gates=gates)
 
     section, path = _measure(
         "run",
         target,
-        api_key,
-        api_key_file,
+        settings,
         json_out,
+        api_key=api_key,
+        api_key_file=api_key_file,
         measure=measure,
-        gates=lambda section: run_gates(section, under, over),
         outcome=outcome,
         render=run_tables,
     )
@@ -260,21 +266,10 @@ def run_cmd(
 
 
 @bench_app.command("needle")
-@target_options("needle")
+@bench_options(NeedleSettings, "needle")
 def needle_cmd(
     target: Target,
-    sizes: Annotated[str, typer.Option("--sizes", help="Prompt sizes in tokens, comma-separated.")] = (
-        "32768,131072,260096"
-    ),
-    depths: Annotated[str, typer.Option("--depths", help="Needle depths, fractions of the prompt.")] = (
-        "0.05,0.25,0.5,0.75,0.95"
-    ),
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=8, help="Answer budget per question.")] = 96,
-    fail_under: Annotated[
-        str | None,
-        typer.Option("--fail-under", help="pass-rate=0.8 accepts some misses (default: all must pass)."),
-    ] = None,
-    report_only: ReportOnlyOpt = False,
+    settings: NeedleSettings,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
     json_out: JsonOpt = False,
@@ -286,18 +281,15 @@ def needle_cmd(
       glm53 bench needle --fail-under pass-rate=0.8 --report-only --json
     """
 
-    parsed_sizes, parsed_depths = parse_sizes(sizes), parse_depths(depths)
-    under = parse_thresholds(fail_under, NEEDLE_FAIL_UNDER, flag="--fail-under")
-
     def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
-        with out.progress("needles", total=len(parsed_sizes) * len(parsed_depths)) as bar:
+        with out.progress("needles", total=len(settings.sizes) * len(settings.depths)) as bar:
             return run_needles(
                 session.client,
                 PromptFactory(session.client, session.server.model),
                 session.server.model,
-                parsed_sizes,
-                parsed_depths,
-                max_tokens=max_tokens,
+                settings.sizes,
+                settings.depths,
+                max_tokens=settings.max_tokens,
                 max_model_len=session.server.max_model_len,
                 on_result=lambda result: bar.step(needle_line(result)),
                 on_section=checkpoint,
@@ -309,25 +301,21 @@ def needle_cmd(
     _measure(
         "needle",
         target,
-        api_key,
-        api_key_file,
+        settings,
         json_out,
+        api_key=api_key,
+        api_key_file=api_key_file,
         measure=measure,
-        gates=lambda section: needle_gates(section, under),
         outcome=outcome,
         render=needle_table,
-        enforce=not report_only,
     )
 
 
 @bench_app.command("coherence")
-@target_options("coherence")
+@bench_options(CoherenceSettings, "coherence")
 def coherence_cmd(
     target: Target,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", min=8, help="Token budget per answer (thinking included).")
-    ] = 6144,
-    report_only: ReportOnlyOpt = False,
+    settings: CoherenceSettings,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
     json_out: JsonOpt = False,
@@ -341,13 +329,13 @@ def coherence_cmd(
 
     def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
         check_answer_fits(
-            max_tokens, session.server.max_model_len, prompt_allowance=PROMPT_ALLOWANCE, flag="--max-tokens"
+            settings.max_tokens, session.server.max_model_len, prompt_allowance=PROMPT_ALLOWANCE, flag="--max-tokens"
         )
         with out.progress("prompts", total=len(PROBES)) as bar:
             return run_coherence(
                 session.client,
                 session.server.model,
-                max_tokens=max_tokens,
+                max_tokens=settings.max_tokens,
                 on_result=lambda result: bar.step(coherence_line(result)),
                 on_section=checkpoint,
             )
@@ -358,32 +346,21 @@ def coherence_cmd(
     _measure(
         "coherence",
         target,
-        api_key,
-        api_key_file,
+        settings,
         json_out,
+        api_key=api_key,
+        api_key_file=api_key_file,
         measure=measure,
-        gates=coherence_gates,
         outcome=outcome,
         render=coherence_table,
-        enforce=not report_only,
     )
 
 
 @bench_app.command("agent")
-@target_options("agent", backends=True)
+@bench_options(AgentSettings, "agent", backends=True)
 def agent_cmd(
     target: Target,
-    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Run the first N of the 15 scripted tasks.")] = 15,
-    system_tokens: Annotated[
-        int, typer.Option("--system-tokens", min=0, help="Size of the shared system prompt, in tokens.")
-    ] = 2048,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=2, help="Token budget per turn.")] = 1024,
-    fail_under: Annotated[
-        str | None, typer.Option("--fail-under", help="Minimums, e.g. cache-hit=60,decode=30 (%, tok/s).")
-    ] = None,
-    fail_over: Annotated[
-        str | None, typer.Option("--fail-over", help="Maximums, e.g. turn-latency=10 (seconds).")
-    ] = None,
+    settings: AgentSettings,
     api_key: BenchApiKeyOpt = None,
     api_key_file: BenchApiKeyFileOpt = None,
     json_out: JsonOpt = False,
@@ -399,22 +376,23 @@ def agent_cmd(
       glm53 bench agent --base-url http://lb:8100 --backend http://a:8000 --backend http://b:8000
     """
 
-    script = load_script().first(tasks)
-    under, over = parse_limits(fail_under, AGENT_FAIL_UNDER, fail_over, AGENT_FAIL_OVER)
+    script = load_script()
+    if settings.tasks is not None:
+        script = script.first(settings.tasks)
 
     def measure(session: Session, out: Output, checkpoint: Callable[[Any], None]) -> Any:
         served = session.server.model
         if session.server.max_model_len is not None:
             scripted = scripted_tokens(script, lambda text: len(session.client.tokenize(served, text)))
-            check_agent_fits(system_tokens, max_tokens, session.server.max_model_len, scripted)
+            check_agent_fits(settings.system_tokens, settings.max_tokens, session.server.max_model_len, scripted)
         with out.progress("turns", total=script.turns) as bar:
             return run_agent(
                 session.client,
                 PromptFactory(session.client, served),
                 served,
                 script=script,
-                system_tokens=system_tokens,
-                max_tokens=max_tokens,
+                system_tokens=settings.system_tokens,
+                max_tokens=settings.max_tokens,
                 on_turn=_attributed(
                     session.tracker, lambda turn: bar.step(turn_line(turn)), key=lambda turn: turn.session_id
                 ),
@@ -427,11 +405,11 @@ def agent_cmd(
     section, path = _measure(
         "agent",
         target,
-        api_key,
-        api_key_file,
+        settings,
         json_out,
+        api_key=api_key,
+        api_key_file=api_key_file,
         measure=measure,
-        gates=lambda section: agent_gates(section, under, over),
         outcome=outcome,
         render=agent_tables,
     )
@@ -439,6 +417,7 @@ def agent_cmd(
 
 
 @bench_app.command("compare")
+@settings_options(CompareSettings, "compare")
 def compare_cmd(
     a: Annotated[
         Path,
@@ -452,18 +431,9 @@ def compare_cmd(
             show_default=False,
         ),
     ] = None,
+    *,
     figures: FiguresOpt = None,
-    fail_under: Annotated[
-        str | None,
-        typer.Option(
-            "--fail-under",
-            help="Minimums on the candidate (B, or the one report), e.g. decode=45,prefill=1000 (tok/s).",
-        ),
-    ] = None,
-    fail_over: Annotated[
-        str | None,
-        typer.Option("--fail-over", help="Maximums on the candidate, e.g. ttft=10 (seconds, every shape)."),
-    ] = None,
+    settings: CompareSettings,
     json_out: JsonOpt = False,
 ) -> None:
     """Deltas side by side: A vs B, or (one report) the recipe vs this report; optionally a gate.
@@ -474,15 +444,14 @@ def compare_cmd(
       glm53 bench compare glm53-bench --figures prefill-256k --json
     """
 
-    under, over = parse_limits(fail_under, COMPARE_FAIL_UNDER, fail_over, COMPARE_FAIL_OVER)
     compared = compare_reports(a, b, profile=figures)
     comparison = compared.comparison
     out = Output(json_mode=json_out)
-    if not under and not over:
+    if not settings.gated:
         # Valid JSON only: a value that is not a finite number is null, and `non_finite` says which.
         out.result(json_safe(comparison.model_dump(mode="json")), lambda console: comparison_table(console, comparison))
         return
-    gates = compare_gates(compared.candidate, under, over)
+    gates = settings.gates(compared.candidate)
     gated = GatedComparison(**dict(comparison), gated=str(compared.candidate_path), gates=gates)
     _finish(
         out,

@@ -203,9 +203,10 @@ def options_from(
             values: dict[str, Any] = {}
             for option in options:
                 raw = kwargs.pop(option.param)
-                if given_only is not None and raw is None:
+                # None is an option left out (its default was None): the model's own default applies.
+                if raw is None:
                     continue
-                values[option.field] = option.spec.parse(raw) if option.spec.parse and raw is not None else raw
+                values[option.field] = option.spec.parse(raw) if option.spec.parse else raw
             if given_only is not None:
                 kwargs[param] = values
             else:

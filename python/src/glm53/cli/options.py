@@ -111,8 +111,8 @@ PlanEnvOpt = Annotated[
     ),
 ]
 
-# `glm53 bench`: the server measured comes from glm53.bench.target.Target (cli/bench.py); these are the rest.
-ReportOnlyOpt = Annotated[bool, typer.Option("--report-only", help="Report failing gates without exiting non-zero.")]
+# `glm53 bench`: its options come from glm53.bench.target.Target (the server) and glm53.bench.settings (what each
+# command measures and gates), in cli/bench.py; the key and --json are the rest.
 # The recipe's published figures (data/recipe-performance.json), picked by the profile they were measured with.
 FiguresOpt = Annotated[
     FiguresProfile | None,

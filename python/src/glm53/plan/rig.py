@@ -13,6 +13,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from glm53.constants import GIB
 from glm53.errors import BadInput
 from glm53.host.facts import HostFacts
 from glm53.host.memory import HostMemory
@@ -158,11 +159,11 @@ class Target(BaseModel):
         """One line: what the plan is for."""
         parts: list[str] = []
         if self.rig is not None:
-            gpus = ", ".join(f"{g.name} {g.memory_bytes / (1 << 30):g} GiB" for g in self.rig.gpus)
+            gpus = ", ".join(f"{g.name} {g.memory_bytes / GIB:g} GiB" for g in self.rig.gpus)
             parts.append(f"rig {self.rig.name}: {gpus}")
         ram = self.ram()
         if ram is not None:
-            parts.append(f"{ram / (1 << 30):,.2f} GiB RAM")
+            parts.append(f"{ram / GIB:,.2f} GiB RAM")
         if self.cpus is not None:
             parts.append(f"CPUs {self.cpus.text}")
         elif self.rig is not None:

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT, GIB
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.native_libs import find_system_library, read_loader_view
@@ -159,7 +159,6 @@ def plan_on_this_host(
 def exl3_summary(plan: object) -> str:
     """One line of an Exl3Plan: where the layers and experts go, and the predicted decode rate."""
     assert isinstance(plan, Exl3Plan)
-    gib = 1 << 30
     gpus = "; ".join(
         f"GPU {g.index}: layers {g.layers[0]}-{g.layers[-1]}, {g.resident_experts} experts"
         if g.layers
@@ -167,8 +166,8 @@ def exl3_summary(plan: object) -> str:
         for g in plan.gpus
     )
     return (
-        f"{plan.offload.reason}; {gpus}; host RAM {plan.host.cpu_expert_bytes / gib:.1f} GiB of experts "
-        f"of a {plan.host.budget_bytes / gib:.0f} GiB budget; predicted {plan.prediction.tokens_per_s:g} tok/s "
+        f"{plan.offload.reason}; {gpus}; host RAM {plan.host.cpu_expert_bytes / GIB:.1f} GiB of experts "
+        f"of a {plan.host.budget_bytes / GIB:.0f} GiB budget; predicted {plan.prediction.tokens_per_s:g} tok/s "
         f"({plan.prediction.mode}, {plan.prediction.cpu_share:.0%} of selections on the CPU)"
     )
 

@@ -9,37 +9,29 @@ import pytest
 from glm53.bench.coherence import CoherenceResult, CoherenceSection
 from glm53.bench.compare import compare_gates
 from glm53.bench.report import Summary, collect_environment, write_section
-from glm53.bench.runner import BestOf, RunRecord, RunSection, ShapeResult, best_of
+from glm53.bench.runner import BestOf, RunSection, ShapeResult
+from tests.support.bench_runs import run_record, run_section, shape_result
 from tests.support.cli import run_glm53
 
 
 def _section(ttft_ms: float, decode: float, prefill: float, shapes: tuple[int, ...] = (8192,)) -> RunSection:
-    results = []
-    for prompt in shapes:
-        record = RunRecord(
-            shape=f"{prompt}:2048",
-            run=1,
-            started_at="2026-11-30T00:00:00+00:00",
-            cache_salt="0" * 32,
-            prompt_tokens_requested=prompt,
-            output_tokens_requested=2048,
-            prompt_tokens=prompt,
-            completion_tokens=2048,
-            ttft_ms=ttft_ms,
-            prefill_tok_s=prefill,
-            decode_tok_s=decode,
-            valid=True,
-        )
-        results.append(
-            ShapeResult(
-                shape=record.shape,
-                prompt_tokens=prompt,
-                output_tokens=2048,
-                runs=[record],
-                best=best_of([record]),
+    return run_section(
+        *(
+            shape_result(
+                run_record(
+                    f"{prompt}:2048",
+                    started_at="2026-11-30T00:00:00+00:00",
+                    cache_salt="0" * 32,
+                    prompt_tokens=prompt,
+                    completion_tokens=2048,
+                    ttft_ms=ttft_ms,
+                    prefill_tok_s=prefill,
+                    decode_tok_s=decode,
+                )
             )
+            for prompt in shapes
         )
-    return RunSection(style="prose", runs_per_shape=1, shapes=results)
+    )
 
 
 @pytest.fixture

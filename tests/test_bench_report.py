@@ -27,9 +27,10 @@ from glm53.bench.report import (
     prepare_out_dir,
     write_section,
 )
-from glm53.bench.runner import RunRecord, RunSection, ShapeResult, best_of, run_gates
+from glm53.bench.runner import run_gates
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import QuietHandler, serve_http
+from tests.support.bench_runs import one_run_section
 from tests.support.cli import run_glm53
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -182,7 +183,7 @@ def test_a_report_that_is_not_an_object_is_refused(tmp_path: Path) -> None:
 
 def test_a_report_with_nan_or_infinity_is_refused_naming_the_field(tmp_path: Path) -> None:
     raw = _valid_summary(tmp_path)
-    raw["run"] = _run_section(decode=50.0).model_dump(mode="json")
+    raw["run"] = one_run_section(decode_tok_s=50.0).model_dump(mode="json")
     text = json.dumps(raw).replace('"decode_tok_s": 50.0', '"decode_tok_s": NaN', 1)
     path = tmp_path / "nan.json"
     path.write_text(text)
@@ -194,7 +195,7 @@ def test_a_report_with_nan_or_infinity_is_refused_naming_the_field(tmp_path: Pat
 
 
 def test_non_finite_values_are_written_as_null_and_gated_as_missing(tmp_path: Path) -> None:
-    section = _run_section(decode=math.nan)
+    section = one_run_section(decode_tok_s=math.nan)
     gates = run_gates(section, {"decode": 1.0}, {})
     assert [(g.value, g.passed) for g in gates] == [(None, False)]
     assert gates[0].detail == "no valid value: the minimum 1 tok/s is not shown"
@@ -229,25 +230,6 @@ def test_an_out_directory_holding_an_unreadable_report_is_refused_before_measuri
     with pytest.raises(BadInput, match="holds a report this glm53 cannot update") as info:
         ensure_same_server(tmp_path / "old", ServerInfo(base_url="http://a:1", model="m"))
     assert info.value.hint == "pass another --out directory, or move the old report away"
-
-
-def _run_section(*, decode: float) -> RunSection:
-    record = RunRecord(
-        shape="64:4",
-        run=1,
-        started_at="t",
-        cache_salt="s",
-        prompt_tokens_requested=64,
-        output_tokens_requested=4,
-        decode_tok_s=decode,
-        ttft_ms=10.0,
-        valid=True,
-    )
-    return RunSection(
-        style="prose",
-        runs_per_shape=1,
-        shapes=[ShapeResult(shape="64:4", prompt_tokens=64, output_tokens=4, runs=[record], best=best_of([record]))],
-    )
 
 
 # --- the commands against a small well-behaved server -----------------------------------------------------

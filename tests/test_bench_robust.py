@@ -23,11 +23,7 @@ from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import collect_environment, load_summary, write_section
 from glm53.bench.runner import (
     DEFAULT_SHAPES,
-    RunRecord,
-    RunSection,
     Shape,
-    ShapeResult,
-    best_of,
     fitting_shapes,
     judge_run,
     parse_shapes,
@@ -38,6 +34,7 @@ from glm53.bench.stream import StreamAccumulator, StreamOutcome, Usage
 from glm53.bench.timing import implausible_timing, settle_timing
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import QuietHandler, VllmLikeHandler, serve_http
+from tests.support.bench_runs import one_run_section
 from tests.support.cli import run_glm53
 
 PROMPT, OUTPUT = 16, 4
@@ -192,19 +189,7 @@ def test_bench_run_against_a_hostile_server_writes_the_report_and_exits_1(tmp_pa
 
 
 def _report(out: Path, ttft: float) -> Path:
-    record = RunRecord(
-        shape="64:4",
-        run=1,
-        started_at="t",
-        cache_salt="s",
-        prompt_tokens_requested=64,
-        output_tokens_requested=4,
-        ttft_ms=ttft,
-        decode_tok_s=50.0,
-        valid=True,
-    )
-    shape = ShapeResult(shape="64:4", prompt_tokens=64, output_tokens=4, runs=[record], best=best_of([record]))
-    section = RunSection(style="prose", runs_per_shape=1, shapes=[shape])
+    section = one_run_section(ttft_ms=ttft, decode_tok_s=50.0)
     return write_section(out, collect_environment(None, environ={}), run=section, gates={"run": []})
 
 

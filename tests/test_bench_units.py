@@ -40,6 +40,7 @@ from glm53.bench.runner import (
 )
 from glm53.errors import BadInput
 from glm53.recipe.performance import recipe_performance
+from tests.support.bench_runs import run_record, run_section, shape_result
 
 METRICS_BEFORE = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter
@@ -130,13 +131,9 @@ def test_shapes_and_thresholds_parse_or_name_the_flag() -> None:
 
 
 def _record(run: int, valid: bool, ttft: float, decode: float) -> RunRecord:
-    return RunRecord(
-        shape="8192:2048",
+    return run_record(
+        "8192:2048",
         run=run,
-        started_at="t",
-        cache_salt="s",
-        prompt_tokens_requested=8192,
-        output_tokens_requested=2048,
         ttft_ms=ttft,
         prefill_tok_s=8192 / ttft * 1000,
         decode_tok_s=decode,
@@ -153,25 +150,10 @@ def test_best_of_uses_valid_runs_only_and_gates_every_shape() -> None:
     ]
     best = best_of(runs)
     assert best.valid_runs == 2 and best.ttft_ms == 7000 and best.decode_tok_s == 49.0
-    section = RunSection(
-        style="prose",
+    section = run_section(
+        shape_result(*runs),
+        ShapeResult(shape="1:2", prompt_tokens=1, output_tokens=2, runs=[], best=BestOf(valid_runs=0)),
         runs_per_shape=3,
-        shapes=[
-            ShapeResult(
-                shape="8192:2048",
-                prompt_tokens=8192,
-                output_tokens=2048,
-                runs=runs,
-                best=best,
-            ),
-            ShapeResult(
-                shape="1:2",
-                prompt_tokens=1,
-                output_tokens=2,
-                runs=[],
-                best=BestOf(valid_runs=0),
-            ),
-        ],
     )
     gates = run_gates(section, {"decode": 45}, {"ttft": 7.5})
     verdicts = {(g.name, g.subject): g.passed for g in gates}
@@ -204,21 +186,8 @@ def _summary_with(run: RunSection) -> Summary:
     return Summary(environment=collect_environment(None, environ={}), run=run)
 
 
-def _section(ttft: float, decode: float, prompt: int = 8192) -> RunSection:
-    record = _record(1, True, ttft, decode).model_copy(update={"shape": f"{prompt}:2048"})
-    return RunSection(
-        style="prose",
-        runs_per_shape=1,
-        shapes=[
-            ShapeResult(
-                shape=f"{prompt}:2048",
-                prompt_tokens=prompt,
-                output_tokens=2048,
-                runs=[record],
-                best=best_of([record]),
-            )
-        ],
-    )
+def _section(ttft: float, decode: float) -> RunSection:
+    return run_section(shape_result(_record(1, True, ttft, decode)))
 
 
 def test_write_section_merges_atomically_and_load_checks_schema(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from glm53.bench.report import load_summary
 from glm53.bench.stream import StreamOutcome, ToolCall, Usage
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import QuietHandler, serve_http
-from tests.support.cli import run_glm53
+from tests.support.cli import run_bench
 
 
 def _packaged_raw() -> dict[str, Any]:
@@ -248,20 +248,7 @@ def chat_server() -> Iterator[str]:
 
 
 def _agent(url: str, out: Path, *extra: str) -> Any:
-    return run_glm53(
-        "bench",
-        "agent",
-        "--base-url",
-        url,
-        "--system-tokens",
-        "64",
-        "--max-tokens",
-        "16",
-        "--out",
-        str(out),
-        "--json",
-        *extra,
-    )
+    return run_bench("agent", url, out, "--system-tokens", "64", "--max-tokens", "16", "--json", *extra)
 
 
 def test_agent_runs_all_fifteen_tasks_by_default(chat_server: str, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from glm53.bench.backends import parse_backends, split_of
 from glm53.bench.report import load_summary
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import stand_in_fleet
-from tests.support.cli import run_glm53
+from tests.support.cli import bench_json, run_bench
 
 
 def _requests(handler: type) -> float:
@@ -26,24 +26,9 @@ def test_agent_through_the_router_keeps_each_session_on_one_backend(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # the tables, unwrapped
     with stand_in_fleet(2) as (router, backends, handlers):
-        result = run_glm53(
-            "bench",
-            "agent",
-            "--base-url",
-            router,
-            *[arg for url in backends for arg in ("--backend", url)],
-            "--tasks",
-            "6",
-            "--system-tokens",
-            "64",
-            "--max-tokens",
-            "16",
-            "--out",
-            str(tmp_path),
-            "--json",
+        agent = bench_json(
+            "agent", router, tmp_path, "--tasks", "6", "--system-tokens", "64", "--max-tokens", "16", backends=backends
         )
-        assert result.code == 0, result.stderr
-        agent = result.json()["agent"]
         split = agent["backends"]
         turns = agent["turns"]
         # Every turn named its conversation; the router kept each conversation on one box.
@@ -77,9 +62,9 @@ def test_agent_through_the_router_keeps_each_session_on_one_backend(
         assert agent["prefix_cache_hit_pct"] == pytest.approx(split["prefix_cache_hit_pct"])
         assert load_summary(tmp_path).agent.backends is not None  # type: ignore[union-attr]
 
-        table = run_glm53(
-            "bench", "agent", "--base-url", router, "--backend", backends[0], "--backend", backends[1],
-            "--tasks", "2", "--system-tokens", "64", "--max-tokens", "16", "--out", str(tmp_path / "t"),
+        table = run_bench(
+            "agent", router, tmp_path / "t", "--tasks", "2", "--system-tokens", "64", "--max-tokens", "16",
+            backends=backends,
         )  # fmt: skip
         assert table.code == 0, table.stderr
         assert "per-backend split" in table.stdout and "2/2 on one box" in table.stdout
@@ -90,12 +75,9 @@ def test_run_through_the_router_splits_runs_over_the_backends(tmp_path: Path, mo
     with stand_in_fleet(2) as (router, backends, handlers):
         for handler in handlers:
             handler.reset(token_gap_s=0.001)
-        result = run_glm53(
-            "bench", "run", "--base-url", router, "--backend", backends[0], "--backend", backends[1],
-            "--shapes", "64:8,128:8", "--runs", "6", "--no-plots", "--out", str(tmp_path), "--json",
-        )  # fmt: skip
-        assert result.code == 0, result.stderr
-        run = result.json()["run"]
+        run = bench_json(
+            "run", router, tmp_path, "--shapes", "64:8,128:8", "--runs", "6", "--no-plots", backends=backends
+        )
         split = run["backends"]
         records = [r for shape in run["shapes"] for r in shape["runs"]]
         assert len({r["session_id"] for r in records}) == 12  # each run its own key: spread over the boxes
@@ -112,10 +94,9 @@ def test_run_through_the_router_splits_runs_over_the_backends(tmp_path: Path, mo
         # Per request, the engine's counters come from the box that served it: the timing check still runs.
         assert all(r["valid"] and r["metrics"]["server_requests"] == 1 for r in records)
 
-        table = run_glm53(
-            "bench", "run", "--base-url", router, "--backend", backends[0], "--backend", backends[1],
-            "--shapes", "64:8", "--runs", "2", "--no-plots", "--out", str(tmp_path / "t"),
-        )  # fmt: skip
+        table = run_bench(
+            "run", router, tmp_path / "t", "--shapes", "64:8", "--runs", "2", "--no-plots", backends=backends
+        )
         assert table.code == 0, table.stderr
         assert "per-backend split" in table.stdout and backends[0] in table.stdout
 
@@ -137,12 +118,9 @@ def test_bad_backends_are_bad_input(urls: list[str], message: str) -> None:
 
 def test_bad_or_unreachable_backends_exit_before_measuring(tmp_path: Path) -> None:
     with stand_in_fleet(1) as (router, backends, handlers):
-        bad = run_glm53("bench", "run", "--base-url", router, "--backend", "nope", "--out", str(tmp_path))
+        bad = run_bench("run", router, tmp_path, backends=["nope"])
         assert bad.code == 2 and "--backend 'nope' is not an http(s) URL" in bad.stderr
-        gone = run_glm53(
-            "bench", "run", "--base-url", router, "--backend", backends[0], "--backend", "http://127.0.0.1:9",
-            "--shapes", "64:8", "--out", str(tmp_path),
-        )  # fmt: skip
+        gone = run_bench("run", router, tmp_path, "--shapes", "64:8", backends=[backends[0], "http://127.0.0.1:9"])
         assert gone.code == 3, gone.stderr
         assert "1 of 2 backends" in gone.stderr and "http://127.0.0.1:9" in gone.stderr
         assert _requests(handlers[0]) == 0 and not (tmp_path / "summary.json").exists()

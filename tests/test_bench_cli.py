@@ -11,7 +11,7 @@ import pytest
 
 from glm53.bench.report import load_summary
 from tests.support.bench_fixtures import QuietHandler, serve_http
-from tests.support.cli import run_glm53
+from tests.support.cli import run_bench, run_glm53
 
 
 class _Handler(QuietHandler):
@@ -50,20 +50,7 @@ def flaky_server() -> Iterator[str]:
 
 
 def test_broken_runs_are_kept_with_reasons_and_exit_1(flaky_server: str, tmp_path: Path) -> None:
-    result = run_glm53(
-        "bench",
-        "run",
-        "--base-url",
-        flaky_server,
-        "--shapes",
-        "100:8,200:8",
-        "--runs",
-        "2",
-        "--no-plots",
-        "--out",
-        str(tmp_path),
-        "--json",
-    )
+    result = run_bench("run", flaky_server, tmp_path, "--shapes", "100:8,200:8", "--runs", "2", "--no-plots", "--json")
     assert result.code == 1
     assert "no valid run for 100:8, 200:8" in result.stderr
     summary = load_summary(tmp_path)
@@ -85,23 +72,14 @@ def test_broken_runs_are_kept_with_reasons_and_exit_1(flaky_server: str, tmp_pat
 
 
 def test_shape_beyond_max_model_len_is_refused_before_running(flaky_server: str, tmp_path: Path) -> None:
-    result = run_glm53(
-        "bench",
-        "run",
-        "--base-url",
-        flaky_server,
-        "--shapes",
-        "2000:100",
-        "--out",
-        str(tmp_path),
-    )
+    result = run_bench("run", flaky_server, tmp_path, "--shapes", "2000:100")
     assert result.code == 2
     assert "--shapes: 2000:100 needs 2100 tokens of context; the server's max_model_len is 2048" in result.stderr
     assert _Handler.calls == 0 and not (tmp_path / "summary.json").exists()
 
 
 def test_unreachable_server_is_exit_3(tmp_path: Path) -> None:
-    result = run_glm53("bench", "coherence", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path))
+    result = run_bench("coherence", "http://127.0.0.1:9", tmp_path)
     assert result.code == 3 and "cannot reach http://127.0.0.1:9/v1/models" in result.stderr
 
 

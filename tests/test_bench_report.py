@@ -31,7 +31,7 @@ from glm53.bench.runner import run_gates
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import QuietHandler, serve_http
 from tests.support.bench_runs import one_run_section
-from tests.support.cli import run_glm53
+from tests.support.cli import run_bench, run_glm53
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -270,7 +270,7 @@ def steady_server() -> Iterator[str]:
 
 
 def _bench_run(url: str, out: Path, *extra: str) -> Any:
-    return run_glm53("bench", "run", "--base-url", url, "--shapes", "64:4", "--runs", "1", "--out", str(out), *extra)
+    return run_bench("run", url, out, "--shapes", "64:4", "--runs", "1", *extra)
 
 
 def test_bench_run_into_a_file_fails_before_measuring(steady_server: str, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from glm53.bench.timing import implausible_timing, settle_timing
 from glm53.errors import BadInput
 from tests.support.bench_fixtures import QuietHandler, VllmLikeHandler, serve_http
 from tests.support.bench_runs import one_run_section
-from tests.support.cli import run_glm53
+from tests.support.cli import run_bench, run_glm53
 
 PROMPT, OUTPUT = 16, 4
 
@@ -174,9 +174,7 @@ def test_bench_run_against_a_hostile_server_writes_the_report_and_exits_1(tmp_pa
     _HostileHandler.reset()
     _HostileHandler.calls = 0
     with serve_http(_HostileHandler) as url:
-        result = run_glm53(
-            "bench", "run", "--base-url", url, "--shapes", "64:2", "--runs", "2", "--no-plots", "--out", str(tmp_path)
-        )
+        result = run_bench("run", url, tmp_path, "--shapes", "64:2", "--runs", "2", "--no-plots")
     assert result.code == 1 and "Traceback" not in result.stderr
     assert "no valid run for 64:2" in result.stderr
     summary = load_summary(tmp_path)
@@ -243,9 +241,7 @@ def bursting() -> Iterator[str]:
 
 
 def _run(url: str, out: Path) -> Any:
-    return run_glm53(
-        "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "3", "--no-plots", "--out", str(out), "--json"
-    )
+    return run_bench("run", url, out, "--shapes", "64:64", "--runs", "3", "--no-plots", "--json")
 
 
 def test_an_honest_stream_is_valid_with_best_and_median(honest: str, tmp_path: Path) -> None:
@@ -287,10 +283,7 @@ def test_a_coalesced_stream_is_measured_by_the_engine_s_own_timings(
     # events reach the client at once. Its /metrics time the request: that is the measurement, labelled so.
     VllmLikeHandler.reset(burst=True, token_gap_s=0.003)
     with serve_http(VllmLikeHandler) as url:
-        result = run_glm53(
-            "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "3", "--no-plots",
-            "--out", str(tmp_path),
-        )  # fmt: skip
+        result = run_bench("run", url, tmp_path, "--shapes", "64:64", "--runs", "3", "--no-plots")
     assert result.code == 0, result.stderr
     assert VllmLikeHandler.streams == 3, "nothing to measure again"
     assert "yes, engine-timed" in result.stdout and "3/3 (3 engine-timed)" in result.stdout
@@ -325,10 +318,9 @@ def test_a_run_rejected_for_its_timing_is_measured_again(tmp_path: Path) -> None
 def test_retries_are_bounded_and_other_failures_are_not_repeated(tmp_path: Path) -> None:
     VllmLikeHandler.reset(burst_first=2, token_gap_s=0.003, metrics=False)
     with serve_http(VllmLikeHandler) as url:
-        none = run_glm53(
-            "bench", "run", "--base-url", url, "--shapes", "64:64", "--runs", "1", "--retries", "1",
-            "--no-plots", "--out", str(tmp_path), "--json",
-        )  # fmt: skip
+        none = run_bench(
+            "run", url, tmp_path, "--shapes", "64:64", "--runs", "1", "--retries", "1", "--no-plots", "--json"
+        )
     assert none.code == 1 and "no valid run for 64:64" in none.stderr
     assert [run["valid"] for run in none.json()["run"]["shapes"][0]["runs"]] == [False, False]
     assert VllmLikeHandler.streams == 2
@@ -408,9 +400,7 @@ def test_the_engine_vouches_for_what_the_client_cannot_time_and_nothing_else() -
 
 def test_run_defaults_fit_the_server_they_talk_to(honest: str, tmp_path: Path) -> None:
     # The recipe's shapes need 10,240 tokens and more; this server has 4,096 (as the demo does).
-    result = run_glm53(
-        "bench", "run", "--base-url", honest, "--runs", "1", "--no-plots", "--out", str(tmp_path), "--json"
-    )
+    result = run_bench("run", honest, tmp_path, "--runs", "1", "--no-plots", "--json")
     assert result.code == 0, result.stderr
     assert (
         "the recipe's shapes 8192:2048, 131072:2048, 260096:2048 do not fit the server's max_model_len 4096: "
@@ -422,12 +412,12 @@ def test_run_defaults_fit_the_server_they_talk_to(honest: str, tmp_path: Path) -
     some, note = fitting_shapes(140_000)
     assert [s.label for s in some] == ["8192:2048", "131072:2048"] and note is not None and "260096:2048" in note
     assert [s.label for s in fitting_shapes(16)[0]] == ["8:2"]
-    explicit = run_glm53("bench", "run", "--base-url", honest, "--shapes", "8192:2048", "--out", str(tmp_path))
+    explicit = run_bench("run", honest, tmp_path, "--shapes", "8192:2048")
     assert explicit.code == 2 and "--shapes: 8192:2048 needs 10240 tokens of context" in explicit.stderr
 
 
 def test_coherence_max_tokens_beyond_max_model_len_is_refused_before_asking(honest: str, tmp_path: Path) -> None:
-    result = run_glm53("bench", "coherence", "--base-url", honest, "--out", str(tmp_path))
+    result = run_bench("coherence", honest, tmp_path)
     assert result.code == 2
     assert "--max-tokens 6144 does not fit the server's max_model_len 4096" in result.stderr
     assert "pass --max-tokens 3584 or less" in result.stderr
@@ -447,9 +437,7 @@ def keyed() -> Iterator[str]:
 
 
 def _keyed_run(url: str, out: Path, *extra: str) -> Any:
-    return run_glm53(
-        "bench", "run", "--base-url", url, "--shapes", "64:4", "--runs", "1", "--no-plots", "--out", str(out), *extra
-    )
+    return run_bench("run", url, out, "--shapes", "64:4", "--runs", "1", "--no-plots", *extra)
 
 
 def test_api_key_file_and_environment(keyed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from glm53.bench.report import SCHEMA_VERSION, load_summary
-from tests.support.cli import run_glm53
+from tests.support.cli import CliResult, run_bench, run_glm53
 
 pytestmark = pytest.mark.slow
 
@@ -24,19 +24,21 @@ def _max_model_len(server: Any) -> int:
     return int(models["data"][0]["max_model_len"])
 
 
+def _small_run(server: Any, out: Path, *extra: str) -> CliResult:
+    """One run of one small shape, without plots."""
+    return run_bench("run", server.base_url, out, "--shapes", "64:8", "--runs", "1", "--no-plots", *extra)
+
+
 def test_run_measures_valid_runs_and_writes_the_report(vllm_server: Any, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    result = run_glm53(
-        "bench",
+    result = run_bench(
         "run",
-        "--base-url",
         vllm_server.base_url,
+        out,
         "--shapes",
         "128:16,384:24",
         "--runs",
         "2",
-        "--out",
-        str(out),
         "--fail-under",
         "decode=1",
         "--json",
@@ -86,21 +88,7 @@ def test_run_measures_valid_runs_and_writes_the_report(vllm_server: Any, tmp_pat
 
 
 def test_fail_under_is_a_gate_and_bad_flags_exit_2(vllm_server: Any, tmp_path: Path) -> None:
-    failing = run_glm53(
-        "bench",
-        "run",
-        "--base-url",
-        vllm_server.base_url,
-        "--shapes",
-        "64:8",
-        "--runs",
-        "1",
-        "--out",
-        str(tmp_path),
-        "--no-plots",
-        "--fail-under",
-        "decode=1000000",
-    )
+    failing = _small_run(vllm_server, tmp_path, "--fail-under", "decode=1000000")
     assert failing.code == 1
     assert "gates failed: decode (64:8)" in failing.stderr
     summary = load_summary(tmp_path)
@@ -110,36 +98,13 @@ def test_fail_under_is_a_gate_and_bad_flags_exit_2(vllm_server: Any, tmp_path: P
     unknown = run_glm53("bench", "run", "--base-url", vllm_server.base_url, "--fail-under", "speed=3")
     assert unknown.code == 2 and "--fail-under" in unknown.stderr
     too_long = _max_model_len(vllm_server) + 1
-    oversized = run_glm53(
-        "bench",
-        "run",
-        "--base-url",
-        vllm_server.base_url,
-        "--shapes",
-        f"{too_long}:16",
-        "--out",
-        str(tmp_path / "x"),
-    )
+    oversized = run_bench("run", vllm_server.base_url, tmp_path / "x", "--shapes", f"{too_long}:16")
     assert oversized.code == 2 and "max_model_len" in oversized.stderr and "--shapes" in oversized.stderr
 
 
 def test_needle_reports_every_depth_with_the_answer(vllm_server: Any, tmp_path: Path) -> None:
-    args = (
-        "bench",
-        "needle",
-        "--base-url",
-        vllm_server.base_url,
-        "--sizes",
-        "256,512",
-        "--depths",
-        "0.1,0.9",
-        "--max-tokens",
-        "12",
-        "--out",
-        str(tmp_path),
-        "--json",
-    )
-    result = run_glm53(*args)
+    args = ("--sizes", "256,512", "--depths", "0.1,0.9", "--max-tokens", "12", "--json")
+    result = run_bench("needle", vllm_server.base_url, tmp_path, *args)
     assert result.code == 1, "random weights cannot recall the needle: the gate fails"
     needle = result.json()["needle"]
     assert [(r["size_tokens"], r["depth"]) for r in needle["results"]] == [
@@ -160,22 +125,12 @@ def test_needle_reports_every_depth_with_the_answer(vllm_server: Any, tmp_path: 
         }
         assert r["size_tokens"] // 2 < r["prompt_tokens"] <= r["size_tokens"]
     assert load_summary(tmp_path).needle is not None
-    relaxed = run_glm53(*args, "--report-only")
+    relaxed = run_bench("needle", vllm_server.base_url, tmp_path, *args, "--report-only")
     assert relaxed.code == 0
 
 
 def test_coherence_reports_each_gate(vllm_server: Any, tmp_path: Path) -> None:
-    result = run_glm53(
-        "bench",
-        "coherence",
-        "--base-url",
-        vllm_server.base_url,
-        "--max-tokens",
-        "12",
-        "--out",
-        str(tmp_path),
-        "--json",
-    )
+    result = run_bench("coherence", vllm_server.base_url, tmp_path, "--max-tokens", "12", "--json")
     assert result.code == 1
     results = {r["name"]: r for r in result.json()["coherence"]["results"]}
     assert list(results) == ["arithmetic", "tool-call", "code-no-thinking"]
@@ -191,22 +146,11 @@ def test_coherence_reports_each_gate(vllm_server: Any, tmp_path: Path) -> None:
 def test_agent_sessions_share_their_prefix(vllm_server: Any, tmp_path: Path) -> None:
     from glm53.bench.agent import load_script
 
-    result = run_glm53(
-        "bench",
+    result = run_bench(
         "agent",
-        "--base-url",
         vllm_server.base_url,
-        "--tasks",
-        "3",
-        "--system-tokens",
-        "256",
-        "--max-tokens",
-        "8",
-        "--out",
-        str(tmp_path),
-        "--fail-under",
-        "cache-hit=1",
-        "--json",
+        tmp_path,
+        *("--tasks", "3", "--system-tokens", "256", "--max-tokens", "8", "--fail-under", "cache-hit=1", "--json"),
     )
     agent = result.json()["agent"]
     turns = agent["turns"]
@@ -231,19 +175,7 @@ def test_agent_sessions_share_their_prefix(vllm_server: Any, tmp_path: Path) -> 
 
 def test_compare_against_the_recipe_and_between_reports(vllm_server: Any, tmp_path: Path) -> None:
     for name in ("a", "b"):
-        made = run_glm53(
-            "bench",
-            "run",
-            "--base-url",
-            vllm_server.base_url,
-            "--shapes",
-            "64:8",
-            "--runs",
-            "1",
-            "--no-plots",
-            "--out",
-            str(tmp_path / name),
-        )
+        made = _small_run(vllm_server, tmp_path / name)
         assert made.code == 0, made.stderr
     recipe = run_glm53("bench", "compare", str(tmp_path / "a"), "--json")
     assert recipe.code == 0, recipe.stderr

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.support.bench_fixtures import QuietHandler, serve_http
-from tests.support.cli import run_glm53
+from tests.support.cli import run_bench
 
 VOCAB = 4096
 
@@ -140,7 +140,7 @@ def test_bench_run_measures_a_tabbyapi_server(tmp_path: Path, shortfall: int) ->
 
 
 def _bench(url: str, out: Path, *extra: str) -> Any:
-    return run_glm53("bench", "run", "--base-url", url, "--no-plots", "--out", str(out), "--json", *extra)
+    return run_bench("run", url, out, "--no-plots", "--json", *extra)
 
 
 FIXTURE_TOKENIZER = Path(__file__).parent / "fixtures" / "exl3" / "tokenizer.json"

@@ -26,7 +26,7 @@ from glm53.errors import Glm53Error
 from glm53.router.flags import check_args, parse_help
 from glm53.router.fleet import load_fleet
 from glm53.router.launch import API_KEY_ENV, build_router_launch, router_command
-from tests.support.cli import CliResult, run_glm53
+from tests.support.cli import CliResult, bench_json, run_glm53
 from tests.support.router import NOT_INSTALLED, ROUTER_INSTALLED, log_tail, needs_router, running_router
 from tests.support.server import VllmServer, free_port, group_members, serve_model, start_server
 
@@ -352,27 +352,18 @@ class Outcomes:
 def test_bench_through_the_router_reports_the_split_from_each_backend(fleet: Fleet, tmp_path: Path) -> None:
     """`glm53 bench run` at the router URL, with the two real backends named: every request is attributed to
     the backend whose own /metrics counter moved, and the split adds up."""
-    result = run_glm53(
-        "bench",
+    run = bench_json(
         "run",
-        "--base-url",
         fleet.url,
-        "--backend",
-        fleet.a.base_url,
-        "--backend",
-        fleet.b.base_url,
+        tmp_path,
         "--shapes",
         "64:8",
         "--runs",
         "6",
         "--timeout",
         "120",
-        "--out",
-        str(tmp_path),
-        "--json",
+        backends=[fleet.a.base_url, fleet.b.base_url],
     )
-    assert result.code == 0, result.stderr
-    run = result.json()["run"]
     split = run["backends"]
     rows = {row["url"]: row for row in split["backends"]}
     assert set(rows) == {fleet.a.base_url, fleet.b.base_url}

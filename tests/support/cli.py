@@ -7,7 +7,9 @@ import contextlib
 import io
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,7 +43,20 @@ def run_glm53(*args: str) -> CliResult:
     return CliResult(code, out.getvalue(), err.getvalue())
 
 
-__all__ = ["CliResult", "run_glm53"]
+def run_bench(kind: str, base_url: str, out: Path, *extra: str, backends: Sequence[str] = ()) -> CliResult:
+    """`glm53 bench KIND --base-url BASE_URL [--backend URL]... EXTRA... --out OUT`."""
+    flags = [flag for url in backends for flag in ("--backend", url)]
+    return run_glm53("bench", kind, "--base-url", base_url, *flags, *extra, "--out", str(out))
+
+
+def bench_json(kind: str, base_url: str, out: Path, *extra: str, backends: Sequence[str] = ()) -> Any:
+    """`run_bench(...)` with --json, which must exit 0: the KIND section of what it prints."""
+    result = run_bench(kind, base_url, out, *extra, "--json", backends=backends)
+    assert result.code == 0, result.stderr
+    return result.json()[kind]
+
+
+__all__ = ["CliResult", "bench_json", "run_bench", "run_glm53"]
 
 
 def run_with_capsys(

@@ -16,7 +16,7 @@ from glm53.bench.prompts import PromptFactory
 from glm53.bench.report import load_summary
 from glm53.bench.stream import StreamOutcome, ToolCall, Usage
 from glm53.errors import BadInput
-from tests.support.bench_fixtures import QuietHandler, serve_http
+from tests.support.bench_fixtures import TokenizingHandler, serve_http
 from tests.support.cli import run_bench
 
 
@@ -188,34 +188,28 @@ def test_sessions_grow_their_prefix_and_feed_back_the_scripted_results() -> None
     assert [t.session_id for t in section.turns] == keys
 
 
-class _ChatHandler(QuietHandler):
+class _ChatHandler(TokenizingHandler):
     """A minimal OpenAI-compatible server: every chat turn streams a `list_files` call and its usage."""
 
+    model = "fake-agent"
     max_model_len = 8192
     requests = 0
     prompt_chars = 0
     refuse = False
     other_posts: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:
+    def get(self) -> None:
         cls = type(self)
-        if self.path == "/v1/models":
-            models = {"data": [{"id": "fake-agent", "max_model_len": cls.max_model_len}]}
-            self._send(200, json.dumps(models).encode())
-        elif self.path == "/metrics":
+        if self.path == "/metrics":
             text = (
                 f"vllm:prefix_cache_queries_total {cls.prompt_chars}\n"
                 f"vllm:prefix_cache_hits_total {cls.prompt_chars // 2}\n"
             )
             self._send(200, text.encode(), "text/plain")
         else:
-            self._send(404, b"{}")
+            super().get()
 
-    def do_POST(self) -> None:
-        body = self._read_json()
-        if self.path == "/tokenize":
-            self._send_char_tokens(body["prompt"])
-            return
+    def post(self, body: Any) -> None:
         if self.path != "/v1/chat/completions":  # vLLM has no /finish_session: that is the router's
             cls = type(self)
             cls.other_posts.append(self.path)
@@ -235,8 +229,7 @@ class _ChatHandler(QuietHandler):
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
             {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": 12}},
         ]
-        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        self._send(200, stream.encode(), "text/event-stream")
+        self._send_events(events)
 
 
 @pytest.fixture

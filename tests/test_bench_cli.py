@@ -21,7 +21,7 @@ class _Handler(QuietHandler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":
-            self._json(200, {"data": [{"id": "flaky", "max_model_len": 2048}]})
+            self._send_models("flaky", 2048)
         else:
             self._json(404, {"error": {"message": "not here"}})
 

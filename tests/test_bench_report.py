@@ -29,7 +29,7 @@ from glm53.bench.report import (
 )
 from glm53.bench.runner import run_gates
 from glm53.errors import BadInput
-from tests.support.bench_fixtures import QuietHandler, serve_http
+from tests.support.bench_fixtures import TokenizingHandler, serve_http
 from tests.support.bench_runs import one_run_section
 from tests.support.cli import run_bench, run_glm53
 
@@ -235,22 +235,13 @@ def test_an_out_directory_holding_an_unreadable_report_is_refused_before_measuri
 # --- the commands against a small well-behaved server -----------------------------------------------------
 
 
-class _Handler(QuietHandler):
+class _Handler(TokenizingHandler):
     """/v1/models, /tokenize, and /v1/completions streaming exactly the tokens asked for."""
 
+    model = "steady"
     completions = 0
 
-    def do_GET(self) -> None:
-        if self.path == "/v1/models":
-            self._send(200, json.dumps({"data": [{"id": "steady", "max_model_len": 4096}]}).encode())
-        else:
-            self._send(404, b"{}")
-
-    def do_POST(self) -> None:
-        body = self._read_json()
-        if self.path == "/tokenize":
-            self._send_char_tokens(body["prompt"])
-            return
+    def post(self, body: Any) -> None:
         type(self).completions += 1
         n = int(body["max_tokens"])
         events = [
@@ -258,8 +249,7 @@ class _Handler(QuietHandler):
             for i in range(n)
         ]
         events.append({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}})
-        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        self._send(200, stream.encode(), "text/event-stream")
+        self._send_events(events)
 
 
 @pytest.fixture

@@ -25,6 +25,15 @@ class QuietHandler(BaseHTTPRequestHandler):
     def _json(self, status: int, payload: object) -> None:
         self._send(status, json.dumps(payload).encode())
 
+    def _send_events(self, events: list[Any]) -> None:
+        """A whole server-sent event stream: each of `events` as JSON, then [DONE]."""
+        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        self._send(200, stream.encode(), "text/event-stream")
+
+    def _send_models(self, model: str, max_model_len: int) -> None:
+        """A /v1/models answer: the one model, with its max_model_len."""
+        self._json(200, {"data": [{"id": model, "max_model_len": max_model_len}]})
+
     def _read_json(self) -> Any:
         """The request's JSON body ({} when it has none)."""
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -36,6 +45,33 @@ class QuietHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class TokenizingHandler(QuietHandler):
+    """A stand-in OpenAI-compatible server's common part: /v1/models (the one `model`) and vLLM's /tokenize (one
+    token per character); every other GET goes to `get` (404 here), every other POST, with its body, to `post`."""
+
+    model = "stand-in"
+    max_model_len = 4096
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._send_models(self.model, self.max_model_len)
+        else:
+            self.get()
+
+    def get(self) -> None:
+        self._send(404, b"{}")
+
+    def do_POST(self) -> None:
+        body = self._read_json()
+        if self.path == "/tokenize":
+            self._send_char_tokens(body["prompt"])
+        else:
+            self.post(body)
+
+    def post(self, body: Any) -> None:
+        raise NotImplementedError
 
 
 @contextmanager
@@ -241,8 +277,7 @@ class VllmBackendHandler(VllmLikeHandler):
                 self.counters["vllm:time_to_first_token_seconds_sum"] += self.token_gap_s
                 self.counters["vllm:time_to_first_token_seconds_count"] += 1
             self._count(prompt, "tool_calls")
-            stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-            self._send(200, stream.encode(), "text/event-stream")
+            self._send_events(events)
             return
         if self.path == "/v1/completions":
             # Counted before the stream's end, as vLLM counts a request finished before its last event is read.

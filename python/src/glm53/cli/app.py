@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -52,7 +52,15 @@ def _hide_flag_types(params: list[Any]) -> list[Any]:
     return params
 
 
-class Command(TyperCommand):
+if TYPE_CHECKING:
+    _Click = TyperCommand  # what _Readable is mixed into: Typer's command or group
+else:
+    _Click = object
+
+
+class _Readable(_Click):
+    """What a command and a group both do: their help reflowed and literal, their flags shown without a type."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help = reflow(self.help)
@@ -61,6 +69,8 @@ class Command(TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return _hide_flag_types(super().get_params(ctx))
 
+
+class Command(_Readable, TyperCommand):
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         # Typer writes a required argument as `{name}`; the usage line names it as its help does.
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -73,14 +83,8 @@ class Command(TyperCommand):
         return pieces
 
 
-class Group(TyperGroup):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.help = reflow(self.help)
-        _plain_params(self)
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _hide_flag_types(super().get_params(ctx))
+class Group(_Readable, TyperGroup):
+    pass
 
 
 class App(typer.Typer):

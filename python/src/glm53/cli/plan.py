@@ -57,6 +57,15 @@ plan_app = App(
     no_args_is_help=True,
 )
 trace_app = App(name="trace", help="Routing traces: make synthetic ones, import real captures.", no_args_is_help=True)
+
+# --out of the commands that write a trace.
+TraceOutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out", help="Trace file to write (JSONL; binary numpy if it ends in .npz)." + OUT_POLICY, show_default=False
+    ),
+]
+
 plan_app.add_typer(trace_app)
 
 
@@ -367,14 +376,7 @@ SYNTH_FLAGS = {
     SyntheticTraceSpec, "spec", fields=SYNTH_FIELDS, flags=SYNTH_FLAGS, hint="see `glm53 plan trace synth --help`"
 )
 def synth(
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            help="Trace file to write (JSONL; binary numpy if it ends in .npz)." + OUT_POLICY,
-            show_default=False,
-        ),
-    ],
+    out: TraceOutOpt,
     spec: SyntheticTraceSpec,
     counts: Annotated[Path | None, typer.Option("--counts", help="Also write the counts file here.")] = None,
     shape: Annotated[
@@ -420,14 +422,7 @@ def import_capture(
     source: Annotated[
         Path, typer.Argument(metavar="CAPTURE", help="A routing capture (JSONL): expert-records or vllm-moe-log.")
     ],
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            help="Trace file to write (JSONL; binary numpy if it ends in .npz)." + OUT_POLICY,
-            show_default=False,
-        ),
-    ],
+    out: TraceOutOpt,
     source_format: Annotated[str, typer.Option("--format", help="auto, expert-records or vllm-moe-log.")] = "auto",
     experts: Annotated[
         int | None,

@@ -67,7 +67,17 @@ def test_the_recorder_runs_the_program_as_its_own_main_and_writes_the_capture(tm
     assert np.array_equal(trace.routes[:, 2], capture.layers[2].routes)
 
 
-def _launch(tmp_path: Path) -> LaunchSpec:
+def test_a_drain_before_any_decode_step_is_reported_and_serving_goes_on(tmp_path: Path) -> None:
+    done = _record(tmp_path / "capture", EXL3_MOE_CPU_SWAP_INTERVAL="2", STANDIN_JOBS="0,11")
+    assert done.returncode == 0, done.stderr
+    assert "no one-token pass that every layer routed" in done.stderr
+    capture = load_capture(tmp_path / "capture" / "capture.npz")
+    assert capture.calls == 1 + 12 and capture.drained_after == (0, 12)
+    assert read_trace(tmp_path / "capture" / "routing.npz").steps == 11
+    assert compare_capture(capture).agree
+
+
+def _launch(tmp_path: Path, directory: str = "routing") -> LaunchSpec:
     return build_tabby_launch(
         load_profile("exl3-1gpu", environ={}),
         model_dir=tmp_path,
@@ -78,7 +88,7 @@ def _launch(tmp_path: Path) -> LaunchSpec:
         api_key=False,
         environ={"GLM53_TABBYAPI_DIR": str(STAND_IN / "tabby"), "XDG_RUNTIME_DIR": str(tmp_path)},
         python=sys.executable,
-        capture_routing=tmp_path / "routing",
+        capture_routing=tmp_path / directory,
     )
 
 
@@ -97,6 +107,15 @@ def test_an_earlier_capture_is_never_replaced(tmp_path: Path, existing: str) -> 
     with pytest.raises(BadInput, match=f"already holds {existing}"):
         _launch(tmp_path)
     assert (tmp_path / "routing" / existing).read_bytes() == b"earlier"
+
+
+def test_a_capture_directory_that_cannot_be_one_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(BadInput, match="a-file is not a directory"):
+        _launch(tmp_path, "a-file")
+    with pytest.raises(BadInput, match="its parent directory does not exist"):
+        _launch(tmp_path, "missing/routing")
+    assert (tmp_path / "a-file").read_text() == "kept" and not (tmp_path / "missing").exists()
 
 
 def test_a_vllm_profile_refuses_the_capture(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_bytes
 from glm53.plan.exl3_capture import CapturedLayer, Exl3Capture, decode_trace, save_capture
 from glm53.plan.policies import INLINE_SWEEP_INTERVALS, SWAP_FLOOR, SWAP_HYSTERESIS, SWAP_INTERVAL, SWAP_MAX
@@ -45,9 +46,19 @@ CAPTURE_NAME = "capture.npz"
 TRACE_NAME = "routing.npz"
 
 
-def _env_number(name: str, default: float) -> float:
-    # read as block_sparse_mlp_cpu.py reads them, at the moment they apply
-    return float(os.environ.get(name, default))
+def _swap_settings() -> tuple[int, float, float, int]:
+    """Interval, hysteresis, floor and swap cap, read as block_sparse_mlp_cpu.py reads them: from the
+    environment, at the moment they apply."""
+
+    def number(name: str, default: float) -> float:
+        return float(os.environ.get(name, default))
+
+    return (
+        int(number("EXL3_MOE_CPU_SWAP_INTERVAL", SWAP_INTERVAL)),
+        number("EXL3_MOE_CPU_SWAP_HYST", SWAP_HYSTERESIS),
+        number("EXL3_MOE_CPU_SWAP_FLOOR", SWAP_FLOOR),
+        int(number("EXL3_MOE_CPU_SWAP_MAX", SWAP_MAX)),
+    )
 
 
 class RoutingRecorder:
@@ -58,7 +69,9 @@ class RoutingRecorder:
         self.lock = threading.Lock()
         self.first: str | None = None  # the key of the first MoE layer to route: its calls number the passes
         self.passes = 0
-        self.calls: dict[str, list[Any]] = {}  # key -> router ids per call (torch tensors until written)
+        self.calls: dict[str, list[Any]] = {}  # key -> router ids per call, on the host (numpy)
+        # key -> copies on the device, in stream order (no sync per layer); moved to `calls` at the next drain
+        self.on_device: dict[str, list[Any]] = {}
         self.call_index: dict[str, list[int]] = {}
         self.experts: dict[str, int] = {}
         self.registry: list[Any] = []  # ExLlamaV3's sweep registry (load order), seen at the first sweep
@@ -74,15 +87,15 @@ class RoutingRecorder:
                 self.first = key
             if key == self.first:
                 self.passes += 1
-            # a copy on the device, in stream order: no sync per layer; moved to the host at the next drain
-            self.calls.setdefault(key, []).append(selected.detach().clone())
+            self.on_device.setdefault(key, []).append(selected.detach().clone())
             self.call_index.setdefault(key, []).append(self.passes - 1)
             self.experts[key] = experts
 
     def swept(self, infer_params: Any, sweep: Callable[[Any], None]) -> None:
         pending = bool(getattr(infer_params, "moe_cpu_swap_pending", False))
         registry = list(getattr(infer_params, "moe_cpu_swap_modules", None) or [])
-        interval = int(_env_number("EXL3_MOE_CPU_SWAP_INTERVAL", SWAP_INTERVAL))
+        settings = _swap_settings()
+        interval = settings[0]
         # _split_swap_tick sweeps inline only once its ticks reach 4 x interval, inside the first split layer's
         # submit of a pass that has routed but is not yet counted; a drained sweep runs between passes
         inline = bool(registry) and registry[0]._swap_tick_count >= INLINE_SWEEP_INTERVALS * interval
@@ -92,12 +105,7 @@ class RoutingRecorder:
             return
         with self.lock:
             self.registry = registry
-            self.settings = (
-                interval,
-                _env_number("EXL3_MOE_CPU_SWAP_HYST", SWAP_HYSTERESIS),
-                _env_number("EXL3_MOE_CPU_SWAP_FLOOR", SWAP_FLOOR),
-                int(_env_number("EXL3_MOE_CPU_SWAP_MAX", SWAP_MAX)),
-            )
+            self.settings = settings
             self.sweep_calls.append(self.passes - 1 if inline else self.passes)
             self.sweep_inline.append(inline)
             self.sweep_swaps.append(
@@ -114,9 +122,13 @@ class RoutingRecorder:
             self.drained_after.append(self.passes - 1)
             if not self.registry:
                 self.registry = list(getattr(infer_params, "moe_cpu_swap_modules", None) or [])
-            for calls in self.calls.values():
-                calls[:] = [t if isinstance(t, np_ndarray()) else t.cpu().numpy() for t in calls]
-            self.write()
+            for key, copies in self.on_device.items():
+                self.calls.setdefault(key, []).extend(copy.cpu().numpy() for copy in copies)
+                copies.clear()
+            try:
+                self.write()
+            except BadInput as exc:  # a record that cannot be written must not stop the server
+                print(f"glm53 routing capture: {exc}", file=sys.stderr, flush=True)
 
     def capture(self) -> Exl3Capture:
         import numpy as np  # heavy: only inside the engine's process
@@ -132,12 +144,7 @@ class RoutingRecorder:
         )
         split = [module for module in self.registry if module.key in self.calls]
         experts = self.experts[ran[0]]
-        interval, hysteresis, floor, max_swaps = self.settings or (
-            int(_env_number("EXL3_MOE_CPU_SWAP_INTERVAL", SWAP_INTERVAL)),
-            _env_number("EXL3_MOE_CPU_SWAP_HYST", SWAP_HYSTERESIS),
-            _env_number("EXL3_MOE_CPU_SWAP_FLOOR", SWAP_FLOOR),
-            int(_env_number("EXL3_MOE_CPU_SWAP_MAX", SWAP_MAX)),
-        )
+        interval, hysteresis, floor, max_swaps = self.settings or _swap_settings()
         return Exl3Capture(
             experts=experts,
             interval=interval,
@@ -160,16 +167,11 @@ class RoutingRecorder:
         )
 
     def write(self) -> None:
+        """Both files, each replaced atomically; the trace once a decode step has been routed."""
         capture = self.capture()
-        write_trace(self.out / TRACE_NAME, decode_trace(capture))
         if capture.split_layers:
             atomic_write_bytes(self.out / CAPTURE_NAME, save_capture(capture))
-
-
-def np_ndarray() -> type:
-    import numpy as np  # heavy: only inside the engine's process
-
-    return np.ndarray
+        write_trace(self.out / TRACE_NAME, decode_trace(capture))
 
 
 def _layer_number(key: str) -> int:

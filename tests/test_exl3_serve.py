@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, Unavailable
 from glm53.plan.env import PLANNED_KEYS_EXL3
 from glm53.recipe.profiles import CONFIG_SPECS, KEYS, Profile, load_profile, parse_env_text
 from glm53.serve.chat_template import bounded_template_path
@@ -595,3 +595,21 @@ def test_a_missing_tabbyapi_tree_stops_before_anything_is_written(tmp_path: Path
     assert "cannot load TabbyAPI's config schema" in done.stderr
     assert not rig.run_dir.exists()
     assert stat.S_IMODE(rig.xdg.stat().st_mode) == 0o700
+
+
+def test_the_config_check_runs_in_the_environment_tabbyapi_gets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TabbyAPI is exec'd with the inherited environment, so its Python may find its packages through PYTHONPATH;
+    the check before the start must see the same packages."""
+    tree = tmp_path / "tabby"
+    shutil.copytree(STAND_IN, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    schema = tree / "common" / "config_models.py"
+    schema.write_text(schema.read_text() + "\nimport tabby_only_dependency  # noqa: E402, F401\n")
+    (tmp_path / "deps").mkdir()
+    (tmp_path / "deps" / "tabby_only_dependency.py").write_text("")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    with pytest.raises(Unavailable, match="No module named 'tabby_only_dependency'"):
+        run_check(_launch(tree))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "deps"))
+    assert run_check(_launch(tree)) == ([], None)

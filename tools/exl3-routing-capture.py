@@ -1,27 +1,17 @@
 #!/usr/bin/env python3
-"""Record ExLlamaV3's routing while it generates, as a glm53 routing trace, and compare the placement its
-dynamic CPU split reaches with glm53's replay of the same rule over the same tokens.
+"""Generate with ExLlamaV3's dynamic CPU split while `glm53.serve.exl3_routing` records its routing (the same
+recorder `glm53 serve --capture-routing` runs inside TabbyAPI), then compare the placement the engine reached
+with glm53's replay of the same rule over the same tokens.
 
-Hooks, on the ExLlamaV3 1.4.6 wheel (499890c), installed after `model.load()`:
-- each BlockSparseMLP's `routing_fn` (modules/block_sparse_mlp.py:604-609, called at :1017): wrapped to copy the
-  router ids of every forward call (bsz x top_k) before a split layer's map kernel turns them into physical
-  slots in place (exllamav3_ext/routing.cu, moe_split_map_kernel / moe_split_issue_kernel);
-- `run_pending_swap_sweeps` (modules/block_sparse_mlp_cpu.py:51; called by Generator.on_queue_drained,
-  generator/generator.py:457, and inline by `_split_swap_tick`): wrapped to note the forward pass each sweep
-  came before, whether it ran inline, and the swaps each split layer made (its `_split_map` before and after);
-- after the run, each split layer's `_split_map` (router id -> physical slot) and `cpu_split_first`: the
-  placement the engine holds (CPU-resident = slot >= cpu_split_first).
-
-Each layer's routing is kept with the forward pass of every token: the engine counts every token a layer routes,
-prompt tokens included, and its prefill stops at the last layer's attention, so the last layer sees decode steps
-only. `glm53.plan.exl3_capture.compare_capture` replays the rule over exactly those tokens and predicts the
-sweeps from the passes and the drains alone.
+The recorder hooks ExLlamaV3 1.4.6 (499890c) when it is imported (its docstring says where): every MoE layer's
+router ids with the forward pass of each token, every sweep with its pass, path and swaps per split layer, and
+at each queue drain the engine's placement. Here the generator drains after each job, so each job ends with
+both files rewritten.
 
 Output under --out:
-  capture.npz      the run as `glm53.plan.exl3_capture` reads it (every layer's tokens, the sweeps, the
-                   engine's swaps per layer and its final placement)
+  capture.npz      the run as `glm53.plan.exl3_capture` reads it
   routing.npz      the decode steps every layer routed, in glm53's trace format: `glm53 plan simulate`
-  compare.json     the comparison: the sweeps predicted and recorded, swaps per layer, each split layer's
+  compare.json     `compare_capture`: the sweeps predicted and recorded, swaps per layer, each split layer's
                    CPU-resident experts by the engine and by the replay
 
 Exit 0 when the replay agrees with the engine in every part, 1 when it does not.
@@ -35,7 +25,6 @@ there (docs/plan.md, "The floor"), so the run lowers it through EXL3_MOE_CPU_SWA
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
@@ -74,13 +63,15 @@ def main() -> int:
         }
     )
 
-    import numpy as np
+    from glm53.plan.exl3_capture import compare_capture, decode_trace, load_capture
+    from glm53.serve.exl3_routing import CAPTURE_NAME, install
+
+    recorder = install(out)  # before ExLlamaV3 is imported: the hooks go in as it is
+
     import torch
     from exllamav3 import Cache, Config, Generator, Model, Tokenizer
     from exllamav3.generator import Job
     from exllamav3.generator.sampler import ArgmaxSampler
-    from exllamav3.modules import block_sparse_mlp_cpu
-    from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
     started = time.perf_counter()
     config = Config.from_directory(args.model)
@@ -91,53 +82,11 @@ def main() -> int:
     model.load()
     print(f"loaded in {time.perf_counter() - started:.1f} s", flush=True)
 
-    modules = [m for m in model if isinstance(m, BlockSparseMLP)]  # Model.__iter__ (model/model.py:50), load order
-    first = modules[0].key  # the first MoE layer runs in every forward pass: its calls number the passes
-    calls: dict[str, list[torch.Tensor]] = {m.key: [] for m in modules}
-    call_index: dict[str, list[int]] = {m.key: [] for m in modules}
-
-    for module in modules:
-        original = module.routing_fn
-
-        def wrapped(bsz, cfg, y, params, _original=original, _key=module.key):  # type: ignore[no-untyped-def]
-            selected, weights = _original(bsz, cfg, y, params)
-            # the pass this call belongs to: the first layer's call opens it, later layers join it
-            call_index[_key].append(len(calls[first]) if _key == first else len(calls[first]) - 1)
-            calls[_key].append(selected.detach().clone())  # before the map kernel rewrites it in place
-            return selected, weights
-
-        module.routing_fn = wrapped
-
-    registry = list(getattr(config.infer_params, "moe_cpu_swap_modules", None) or [])  # the sweep's own order
-    sweep_calls: list[int] = []
-    sweep_inline: list[bool] = []
-    sweep_swaps: list[list[int]] = []
-    original_sweep = block_sparse_mlp_cpu.run_pending_swap_sweeps
-
-    def recorded_sweep(infer_params):  # type: ignore[no-untyped-def]
-        pending = getattr(infer_params, "moe_cpu_swap_pending", False)
-        # _split_swap_tick sweeps inline only at 4 x interval ticks, inside the first split layer's submit of
-        # a pass whose routing has run but is not yet counted; a drained sweep runs between passes
-        inline = bool(registry) and registry[0]._swap_tick_count >= 4 * args.interval
-        before = [m._split_map.clone() for m in registry]
-        passes = len(calls[first])
-        original_sweep(infer_params)
-        if pending:
-            sweep_calls.append(passes - 1 if inline else passes)
-            sweep_inline.append(inline)
-            sweep_swaps.append(
-                [int((m._split_map != b).sum().item()) // 2 for m, b in zip(registry, before, strict=True)]
-            )
-
-    block_sparse_mlp_cpu.run_pending_swap_sweeps = recorded_sweep
-    # _split_swap_tick and the generator import the function by name at call time from the module: patched there
-
     generator = Generator(model=model, cache=cache, tokenizer=Tokenizer.from_config(config))
     vocab = int(
         json.loads((Path(args.model) / "config.json").read_text()).get("text_config", {}).get("vocab_size", 512)
     )
     rng = torch.Generator().manual_seed(22)
-    drained_after: list[int] = []
     for job_index in range(args.jobs):
         prompt = torch.randint(2, max(3, vocab - 16), (1, args.prompt), generator=rng)
         generator.enqueue(
@@ -150,78 +99,23 @@ def main() -> int:
             )
         )
         while generator.num_remaining_jobs():
-            generator.iterate()
-        drained_after.append(len(calls[first]) - 1)  # Generator.on_queue_drained ran after this pass
-        print(f"job {job_index}: {len(calls[first])} forward passes, {len(sweep_calls)} sweeps so far", flush=True)
+            generator.iterate()  # the last iteration drains the queue: the recorder writes both files
+        print(
+            f"job {job_index}: {recorder.passes} forward passes, {len(recorder.sweep_calls)} sweeps so far, "
+            f"{len(recorder.drained_after)} drains",
+            flush=True,
+        )
     torch.cuda.synchronize()
 
-    from glm53.plan.exl3_capture import CapturedLayer, Exl3Capture, compare_capture, save_capture
-
-    def layer_number(module) -> int:  # type: ignore[no-untyped-def]
-        return int(module.key.split(".layers.")[1].split(".")[0])
-
-    # A module that never ran (an MTP block's, which plain generation does not call) carries no routing.
-    ran = [m for m in modules if calls[m.key]]
-    captured = tuple(
-        CapturedLayer(
-            layer_number(m),
-            torch.cat(calls[m.key]).cpu().numpy().astype(np.int16),
-            np.repeat(np.array(call_index[m.key]), [int(t.shape[0]) for t in calls[m.key]]),
-        )
-        for m in ran
-    )
-    split = [m for m in registry if calls[m.key]]
-    experts = int(modules[0].num_experts)
-    capture = Exl3Capture(
-        experts=experts,
-        interval=args.interval,
-        hysteresis=args.hysteresis,
-        floor=args.floor,
-        max_swaps=args.max_swaps,
-        calls=len(calls[first]),
-        drained_after=tuple(drained_after),
-        layers=captured,
-        split_layers=tuple(layer_number(m) for m in split),
-        cpu_experts=tuple(experts - int(m.cpu_split_first) for m in split),
-        sweep_calls=tuple(sweep_calls),
-        sweep_inline=tuple(sweep_inline),
-        sweep_swaps=np.array([[row[registry.index(m)] for m in split] for row in sweep_swaps], dtype=np.int64).reshape(
-            len(sweep_swaps), len(split)
-        ),
-        engine_cpu=np.array(
-            [m._split_map.cpu().numpy() >= int(m.cpu_split_first) for m in split], dtype=np.bool_
-        ).reshape(len(split), experts),
-    )
-    (out / "capture.npz").write_bytes(save_capture(capture))
-
-    # The decode steps (one-token passes) that every layer routed, as a glm53 trace.
-    singles = [
-        {c: i for i, (c, t) in enumerate(zip(call_index[m.key], calls[m.key], strict=True)) if t.shape[0] == 1}
-        for m in ran
-    ]
-    steps = sorted(set.intersection(*(set(s) for s in singles)))
-    if len(steps) < args.jobs * args.new // 2:
+    capture = load_capture(out / CAPTURE_NAME)
+    steps = decode_trace(capture).steps
+    if steps < args.jobs * args.new // 2:
         # A decode step replayed from a captured CUDA graph would not call the Python routing_fn.
-        print(f"warning: {len(steps)} one-token passes for {args.jobs} x {args.new} generated tokens", flush=True)
-    decode = np.stack(
-        [np.stack([calls[m.key][s[c]][0].cpu().numpy() for c in steps]) for m, s in zip(ran, singles, strict=True)],
-        axis=1,
-    ).astype(np.int16)  # (steps, layers, top_k)
-    header = {
-        "format": "glm53-routing-trace",
-        "version": 1,
-        "layers": [layer_number(m) for m in ran],
-        "experts": experts,
-        "top_k": int(decode.shape[2]),
-    }
-    buffer = io.BytesIO()
-    np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), routes=decode)
-    (out / "routing.npz").write_bytes(buffer.getvalue())
-
+        print(f"warning: {steps} one-token passes for {args.jobs} x {args.new} generated tokens", flush=True)
     result = compare_capture(capture)
     (out / "compare.json").write_text(result.model_dump_json(indent=1))
     summary = result.model_dump(exclude={"layers", "predicted_sweeps", "recorded_sweeps"})
-    print(json.dumps({"settings": vars(args), "decode_steps": len(steps), **summary}), flush=True)
+    print(json.dumps({"settings": vars(args), "decode_steps": steps, **summary}), flush=True)
     for row in result.layers:
         print(
             f"layer {row.layer}: {row.tokens} tokens, swaps engine {row.engine_swaps} replay {row.replay_swaps}, "

@@ -3,7 +3,9 @@
 Per shape and budget, averaged over the seeds, the held-out hit rate of plain LRU, the recipe's policy (20% of
 uniform slots pinned), ExLlamaV3's defaults (dynamic split /128 x2 floor 8), each engine's recommended setting
 (learned on the shape's learning part with its stress scenarios), Belady's MIN with the same slots, and the
-share of the LRU-to-MIN gap the proposal closes; then the worst seed of each engine against LRU and the targets:
+share of the LRU-to-MIN gap the proposal closes, and ExLlamaV3's predicted decode rate on the recipe's rig at its
+defaults and at its recommended setting (the measure it is chosen by: `engine_cost.exl3_step_cost`, generations of
+2,048 tokens); then the worst seed of each engine against LRU and the targets:
 
     every engine: its recommendation never more than 0.25 points below plain LRU
     every engine: on the stationary shape at 17%, at least the recipe + 4 points (each seed)
@@ -32,11 +34,32 @@ from glm53.plan.trace_shapes import SHAPES
 from glm53.plan.traces import parse_layers
 
 
+def exl3_rates(group: list[TargetRow]) -> str:
+    """ExLlamaV3's mean predicted decode rate, defaults -> recommended ("-" where not priced)."""
+    default = [b.tokens_per_s for r in group for b in r.baselines if b.engine == "exllamav3"]
+    chosen = [p.tokens_per_s for r in group for p in r.recommended if p.engine == "exllamav3"]
+    if not default or not chosen or None in default or None in chosen:
+        return "-"
+    return f"{np.mean(default):.1f} -> {np.mean(chosen):.1f}"
+
+
 def table(rows: list[TargetRow], console: Console) -> None:
     out = Table(
         title="Held-out hit rate (%), mean over seeds; engines: recommended setting (worst seed vs LRU, points)"
     )
-    columns = ("shape", "budget", "LRU", "recipe", "exl3 default", "vllm", "exllamav3", "proposed", "MIN", "gap closed")
+    columns = (
+        "shape",
+        "budget",
+        "LRU",
+        "recipe",
+        "exl3 default",
+        "vllm",
+        "exllamav3",
+        "proposed",
+        "MIN",
+        "gap closed",
+        "exl3 tok/s",
+    )
     for column in columns:
         out.add_column(column, justify="left" if column == "shape" else "right")
     shapes = list(dict.fromkeys(row.shape for row in rows))
@@ -63,6 +86,7 @@ def table(rows: list[TargetRow], console: Console) -> None:
                 cells.append(f"{mean([r.rate(engine) for r in group])} ({100 * worst:+.2f})")
             cells.append(mean([r.belady for r in group]))
             cells.append(f"{100 * float(np.mean([r.gap_closed('proposed') for r in group])):.0f}%")
+            cells.append(exl3_rates(group))
             out.add_row(*cells)
     console.print(out)
     labels = Table(title="Recommended settings (seed 0)")
@@ -82,13 +106,13 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--json", help="also write every row here")
     args = parser.parse_args()
-    console = Console(width=150)
+    console = Console(width=170)
     seeds = parse_layers(args.seeds, flag="--seeds")
     rows: list[TargetRow] = []
     started = time.perf_counter()
     for shape in args.shapes.split(","):
         for seed in seeds:
-            rows += evaluate_shape(shape, seed, steps=args.steps, layers=tuple(range(3, 3 + args.layers)))
+            rows += evaluate_shape(shape, seed, steps=args.steps, layers=tuple(range(3, 3 + args.layers)), priced=True)
             console.print(f"{shape} seed {seed}: {time.perf_counter() - started:.0f} s", style="dim")
     table(rows, console)
     checks = check_targets(rows)

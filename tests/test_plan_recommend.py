@@ -13,7 +13,7 @@ from glm53.errors import BadInput
 from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_DECODE, exl3_step_cost, recipe_step_cost
 from glm53.plan.kv_budget import derive_kv
-from glm53.plan.recommend import LRU, TOLERANCE, candidates, recommend
+from glm53.plan.recommend import LRU, SERVED_GENERATION, TOLERANCE, candidates, recommend, replay
 from glm53.plan.targets import check_targets, evaluate_shape
 from glm53.plan.trace_import import import_trace
 from glm53.plan.trace_shapes import SHAPES, make_shape, stress_scenarios
@@ -230,3 +230,34 @@ def test_engine_cost_against_the_published_decode() -> None:
     exl3 = exl3_step_cost(model)
     hits = np.full((4, 42), 8)
     assert exl3.tokens_per_s(hits, swaps=4) < exl3.tokens_per_s(hits)
+
+
+def test_a_sample_of_layers_is_priced_for_the_whole_model() -> None:
+    """Half the layers with `layer_share` 0.5 decode at the rate all of them do when they route alike; swaps
+    made on the sample stand for the model's too."""
+    cost = exl3_step_cost(load_architecture())
+    sample = np.random.default_rng(0).integers(0, 9, size=(10, 21))  # hits of 21 layers over 10 steps
+    whole = np.concatenate([sample, sample], axis=1)  # the model's 42 layers, the other half routing alike
+    assert cost.tokens_per_s(sample, 3, layer_share=0.5) == pytest.approx(cost.tokens_per_s(whole, 6))
+    assert cost.tokens_per_s(sample, layer_share=0.5) < cost.tokens_per_s(sample)  # the sample alone is faster
+
+
+def test_exllamav3_is_chosen_by_decode_rate_with_its_swaps_paid() -> None:
+    """ExLlamaV3's candidates are scored by predicted decode rate against plain LRU priced alike, with its
+    queue draining only when a generation ends; the other engines by hit rate."""
+    trace = make_shape("stationary", seed=1, steps=1600, layers=range(3, 9))
+    result = recommend(trace, 0.17, engines=("vllm", "exllamav3"))
+    exl3, vllm = result.engine("exllamav3"), result.engine("vllm")
+    assert exl3.measure == "decode rate" and vllm.measure == "hit rate"
+    for score in exl3.scores:
+        assert score.tokens_per_s is not None and score.lru_tokens_per_s is not None
+        assert score.gain == pytest.approx(score.tokens_per_s / score.lru_tokens_per_s - 1)
+        # fewer hits than LRU computes more on the CPU: slower, and the swaps add to it
+        assert score.hit_rate < score.lru_hit_rate and score.gain < 0
+    assert all(score.tokens_per_s is None for score in vllm.scores)
+    # Draining after every step sweeps more often than generations of SERVED_GENERATION steps do.
+    dynamic = next(c for c in candidates("exllamav3") if c.family == "exl3-dynamic" and c.interval == 8)
+    served = replay(dynamic, trace, 49, 800)
+    drained = replay(dynamic, trace, 49, 800, generation=None)
+    assert len(drained.sweep_steps) > len(served.sweep_steps) > 0
+    assert SERVED_GENERATION == 2048

@@ -25,7 +25,7 @@ from glm53.plan.allocation import uniform_split
 from glm53.plan.cache_plan import RECIPE_PINNED_FRACTION, learn_from_trace, split_from_curves
 from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.cost_model import CostModel, build_cost_model, read_probe_bandwidth
-from glm53.plan.engine_cost import StepCost, exl3_step_cost, recipe_step_cost
+from glm53.plan.engine_cost import engine_costs
 from glm53.plan.kv_budget import derive_kv
 from glm53.plan.miss_ratio import LayerCurves
 from glm53.plan.parallel import cpu_seconds, default_workers, layer_map
@@ -170,28 +170,16 @@ def trace_cost_model(
     )
 
 
-def engine_costs(trace: RoutingTrace, *, tensor_parallel_size: int = 2) -> dict[str, StepCost] | None:
-    """Each engine's step cost on the recipe's rig, when the trace routes like the published architecture."""
-    model = load_architecture()
-    if (trace.experts, trace.top_k) != (model.n_routed_experts, model.num_experts_per_tok):
-        return None
-    kv = derive_kv(model, tensor_parallel_size)
-    return {
-        "vllm": recipe_step_cost(model, kv, "cpu+pcie", tensor_parallel_size=tensor_parallel_size),
-        "exllamav3": exl3_step_cost(model),
-    }
-
-
 def add_engine_policies(report: ComparisonReport, trace: RoutingTrace, *, seed: int = 0) -> ComparisonReport:
     """The report with each engine's recommended setting and defaults replayed over the same held-out part."""
-    costs = engine_costs(trace)
+    costs = engine_costs(trace.experts, trace.top_k)
     rows = evaluate_trace(
         trace,
         report.learned_steps,
         name=report.trace,
         seed=seed,
         fractions=[budget.fraction for budget in report.budgets],
-        costs=dict(costs) if costs else None,  # type: ignore[arg-type]
+        costs=costs,
     )
     notes = [f"{engine}: {'; '.join(cost.assumptions)}" for engine, cost in (costs or {}).items()]
     return report.model_copy(update={"engines": rows, "engine_costs": notes})
@@ -355,7 +343,6 @@ __all__ = [
     "PolicyResult",
     "add_engine_policies",
     "compare_policies",
-    "engine_costs",
     "parse_budgets",
     "trace_cost_model",
 ]

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.checkpoint_facts import ModelFacts
+from glm53.plan.checkpoint_facts import ModelFacts, load_architecture
 from glm53.plan.cost_model import (
     ASSUMED_GPU_MEMORY_BANDWIDTH,
     ASSUMED_HOST_TO_DEVICE,
@@ -38,11 +38,13 @@ from glm53.plan.cost_model import (
     build_cost_model,
 )
 from glm53.plan.exl3 import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
-from glm53.plan.kv_budget import KvDerivation
+from glm53.plan.kv_budget import KvDerivation, derive_kv
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
+
+    from glm53.plan.recommend import Engine
 
 MissPath = Literal["copy", "copy-overlap", "cpu", "cpu+pcie"]
 MISS_PATHS: tuple[MissPath, ...] = ("copy", "copy-overlap", "cpu", "cpu+pcie")
@@ -94,9 +96,11 @@ class StepCost(BaseModel):
         result: NDArray[np.float64] = self.fixed_seconds + self.layer_seconds(hits).sum(axis=1)
         return result
 
-    def tokens_per_s(self, hits: NDArray[np.integer], swaps: int = 0) -> float:
-        """Decode rate over the steps of `hits`, with `swaps` placement swaps paid among them."""
-        seconds = float(self.step_seconds(hits).sum()) + swaps * self.swap_seconds
+    def tokens_per_s(self, hits: NDArray[np.integer], swaps: int = 0, *, layer_share: float = 1.0) -> float:
+        """Decode rate over the steps of `hits`, with `swaps` placement swaps paid among them. `layer_share`:
+        the share of the model's MoE layers that `hits` (and the swaps) hold, a sample standing for them all."""
+        moe = float(self.layer_seconds(hits).sum()) + swaps * self.swap_seconds
+        seconds = len(hits) * self.fixed_seconds + moe / layer_share
         return len(hits) / seconds
 
     def at_hit_rate(self, hit_rate: float) -> float:
@@ -186,6 +190,19 @@ def exl3_step_cost(
     )
 
 
+def engine_costs(experts: int, top_k: int, *, tensor_parallel_size: int = 2) -> dict[Engine, StepCost] | None:
+    """Each engine's step cost on the recipe's rig, for a trace of `experts` experts and `top_k` selections a
+    layer when it routes like the published architecture (None otherwise)."""
+    model = load_architecture()
+    if (experts, top_k) != (model.n_routed_experts, model.num_experts_per_tok):
+        return None
+    kv = derive_kv(model, tensor_parallel_size)
+    return {
+        "vllm": recipe_step_cost(model, kv, "cpu+pcie", tensor_parallel_size=tensor_parallel_size),
+        "exllamav3": exl3_step_cost(model),
+    }
+
+
 # The recipe's published decode rates (seed recipe, performance points: best of 2, one request, 2,048 tokens
 # generated after the prompt; the prefill-256k profile).
 PUBLISHED_DECODE = ((8192, 50.4), (131_072, 49.4), (260_096, 48.2))
@@ -263,6 +280,7 @@ __all__ = [
     "RecipeComparisonRow",
     "StepCost",
     "compare_with_recipe",
+    "engine_costs",
     "exl3_step_cost",
     "recipe_step_cost",
 ]

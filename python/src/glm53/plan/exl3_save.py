@@ -19,6 +19,7 @@ from pathlib import Path
 
 from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.plan.checkpoint_facts import ModelFacts
+from glm53.plan.engine_cost import exl3_step_cost
 from glm53.plan.env import env_lines, make_out_dir
 from glm53.plan.exl3 import Exl3Plan, compare_placements, counts_by_layer, split_stats
 from glm53.plan.finite import require_finite
@@ -53,6 +54,10 @@ def finish_exl3_plan(
             (experts - plan.offload.split_experts) / experts,
             engines=("exllamav3",),
             learn_steps=round(stats.steps * learn_fraction),
+            # priced on this plan's model and host memory (the rig's, the flag's, or the stated assumption)
+            exl3_cost=exl3_step_cost(model, host_memory_bandwidth=plan.shape.host_memory_bandwidth).model_copy(
+                update={"top_k": stats.top_k}
+            ),
         )
     plan = plan.model_copy(update=updates)
     if out_dir is None:
@@ -68,7 +73,10 @@ def finish_exl3_plan(
             chosen = plan.recommendation.engine("exllamav3")
             for key, value in chosen.choice.env(str(stats_path)).items():
                 env[key] = value
-                origins[key] = f"recommended: {chosen.label} (worst stress scenario {chosen.worst_gain:+.2%} vs LRU)"
+                origins[key] = (
+                    f"recommended: {chosen.label} (worst stress scenario: {chosen.measure} "
+                    f"{chosen.worst_gain:+.2%} vs plain LRU)"
+                )
         plan = plan.model_copy(update={"env": env, "origins": origins, "split_stats_file": str(stats_path)})
     require_finite(plan.model_dump(mode="json"), what="the plan")
     atomic_write_json(files[0], plan.model_dump(mode="json"))

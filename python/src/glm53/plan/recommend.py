@@ -14,16 +14,21 @@ Candidates, each replayed by `policies` at the same GPU budget (a share of every
     proposed    decayed frequency   recent steps kept, count half-life           no (see NEEDS)
 
 Each candidate is scored on every scenario by its hit rate minus plain LRU's there (the baseline that cannot
-be misled by a ranking). The choice is robust first (`choose`): among the candidates whose worst scenario is
-within `TOLERANCE` of the best worst case, the one with the best mean; where no candidate comes within a
-quarter point of LRU on every scenario (ExLlamaV3's), the least maximum regret. Plain LRU is a vllm candidate,
-so the recipe's engine is never recommended anything that loses to LRU on these scenarios by more than that.
+be misled by a ranking). ExLlamaV3's are scored by decode rate instead (`engine_cost.exl3_step_cost`: a
+selection on a CPU-resident expert waits for the CPU worker, and every swap of a sweep is paid), relative to
+plain LRU's priced alike, with its queue draining when a generation of `SERVED_GENERATION` tokens ends: its
+sweeps trade hits against swaps, which points alone would not charge.
+
+The choice is robust first (`choose`): among the candidates whose worst scenario is within `TOLERANCE` of
+the best worst case, the one with the best mean; where no candidate comes within a quarter point of LRU on
+every scenario (ExLlamaV3's), the least maximum regret. Plain LRU is a vllm candidate, so the recipe's engine
+is never recommended anything that loses to LRU on these scenarios by more than that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,6 +55,8 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
+    from glm53.plan.engine_cost import StepCost
+
 Engine = Literal["vllm", "exllamav3", "proposed"]
 Family = Literal["pinned-lru", "exl3-static", "exl3-dynamic", "decayed-frequency", "adaptive-frequency"]
 
@@ -63,6 +70,9 @@ LRU_GUARD = 0.0025
 CHOICE_LAYERS = 12
 # Steps of warm-up before a scenario's learning part: 4 sweeps of the slowest dynamic-split candidate.
 WARM_UP_STEPS = 2048
+# ExLlamaV3's queue drains when a request ends, and only then runs a pending sweep (or inline at 4 x interval):
+# requests of 2,048 generated tokens, one at a time, the length of the recipe's measured requests.
+SERVED_GENERATION = 2048
 
 NEEDS = {
     "vllm": "the recipe's engine keeps an LRU order per layer; it would need a decayed count per expert (one "
@@ -150,7 +160,7 @@ def candidates(engine: Engine) -> list[Candidate]:
                 floor=floor,
                 max_swaps=SWAP_MAX,
             )
-            for interval in (32, 128, 512)
+            for interval in (8, 32, 128, 512)
             for hysteresis in (2.0, 4.0)
             for floor in (0.0, SWAP_FLOOR)
         ]
@@ -163,12 +173,19 @@ def candidates(engine: Engine) -> list[Candidate]:
 
 
 def replay(
-    candidate: Candidate, trace: RoutingTrace, slots: int, learn_steps: int, *, layer_share: float = 1.0
+    candidate: Candidate,
+    trace: RoutingTrace,
+    slots: int,
+    learn_steps: int,
+    *,
+    layer_share: float = 1.0,
+    generation: int | None = SERVED_GENERATION,
 ) -> StepHits:
     """`candidate` over the whole trace with `slots` GPU experts per layer; what needs statistics (rankings,
     a stats file) learns them on the first `learn_steps` steps only. `layer_share`: the share of the model's
     layers the trace holds; ExLlamaV3's swap cap is one budget for a sweep over every layer, so a sample of
-    the layers gets that share of it."""
+    the layers gets that share of it. `generation`: the steps between ExLlamaV3's queue drains (None: after
+    every step, the most dynamic its placement can be)."""
     import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 
     experts, layers = trace.experts, len(trace.layers)
@@ -191,6 +208,7 @@ def replay(
             hysteresis=candidate.hysteresis if candidate.hysteresis is not None else SWAP_HYSTERESIS,
             floor=candidate.floor if candidate.floor is not None else SWAP_FLOOR,
             max_swaps=max(1, round((candidate.max_swaps or SWAP_MAX) * layer_share)),
+            generation=generation,
         )
     counts = learned_counts(trace, learn_steps)
     if candidate.family == "exl3-static":
@@ -223,9 +241,15 @@ class ScenarioScore(BaseModel):
     scenario: str
     hit_rate: float
     lru_hit_rate: float
+    # Where the engine is scored by decode rate: the candidate's and plain LRU's, priced alike.
+    tokens_per_s: float | None = None
+    lru_tokens_per_s: float | None = None
 
     @property
     def gain(self) -> float:
+        """Points of hit rate over plain LRU; where priced, the decode rate's relative gain over LRU's."""
+        if self.tokens_per_s is not None and self.lru_tokens_per_s:
+            return self.tokens_per_s / self.lru_tokens_per_s - 1.0
         return self.hit_rate - self.lru_hit_rate
 
 
@@ -237,6 +261,7 @@ class EngineChoice(BaseModel):
     engine: Engine
     choice: Candidate
     label: str
+    measure: Literal["hit rate", "decode rate"] = "hit rate"  # what the gains are of (ScenarioScore.gain)
     scores: list[ScenarioScore]
     worst_gain: float
     mean_gain: float
@@ -259,23 +284,44 @@ class Recommendation(BaseModel):
         return next(choice for choice in self.engines if choice.engine == name)
 
 
-_ScenarioTask = tuple[str, str, list[Candidate], RoutingTrace, int, int, float, int]
+class _ScenarioTask(NamedTuple):
+    engine: Engine
+    name: str
+    pool: list[Candidate]
+    scenario: RoutingTrace
+    slots: int
+    start: int  # scored from this step on
+    layer_share: float
+    accesses: int
+    cost: StepCost | None  # prices the engine's decode rate; None: scored by hit rate
+    generation: int | None
 
 
-def _score_scenario(task: _ScenarioTask) -> tuple[float, dict[Candidate, float]]:
-    """Plain LRU's hit rate on one scenario, and each candidate's, scored from step `start` on."""
-    _, _, pool, scenario, slots, start, share, accesses = task
+class _Rate(NamedTuple):
+    hit_rate: float
+    tokens_per_s: float | None
+
+
+def _score_scenario(task: _ScenarioTask) -> tuple[_Rate, dict[Candidate, _Rate]]:
+    """Plain LRU's rate on one scenario, and each candidate's, scored from step `start` on."""
+    start, share = task.start, task.layer_share
+
+    def rate(hits: StepHits) -> _Rate:
+        priced = None
+        if task.cost is not None:
+            priced = task.cost.tokens_per_s(hits.hits[start:], hits.swaps_between(start), layer_share=share)
+        return _Rate(hits.total(start) / task.accesses, priced)
+
+    pool = task.pool
     fractions = sorted({0.0, *(c.pinned_fraction or 0.0 for c in pool if c.family == "pinned-lru")})
-    rates: dict[Candidate, float] = {}
-    lru = 0.0
-    for p, hits in zip(fractions, pinned_family(scenario, slots, start, fractions), strict=True):
-        if p == 0.0:
-            lru = hits.total(start) / accesses
-        rates[Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p)] = hits.total(start) / accesses
+    rates: dict[Candidate, _Rate] = {}
+    for p, hits in zip(fractions, pinned_family(task.scenario, task.slots, start, fractions), strict=True):
+        rates[Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p)] = rate(hits)
     for candidate in pool:
         if candidate.family != "pinned-lru":
-            rates[candidate] = replay(candidate, scenario, slots, start, layer_share=share).total(start) / accesses
-    return lru, rates
+            hits = replay(candidate, task.scenario, task.slots, start, layer_share=share, generation=task.generation)
+            rates[candidate] = rate(hits)
+    return rates[LRU], rates
 
 
 def choose(gains: list[list[float]]) -> int:
@@ -296,6 +342,14 @@ def choose(gains: list[list[float]]) -> int:
     regret = [max(b - v for b, v in zip(best, values, strict=True)) for values in gains]
     eligible = [i for i, value in enumerate(regret) if value <= min(regret) + TOLERANCE]
     return max(eligible, key=lambda i: means[i])
+
+
+def default_exl3_cost(top_k: int) -> StepCost:
+    """ExLlamaV3 serving GLM-5.3's experts on the recipe's rig, for a trace of `top_k` selections a layer."""
+    from glm53.plan.checkpoint_facts import load_architecture  # the plan's cost modules import this one
+    from glm53.plan.engine_cost import exl3_step_cost
+
+    return exl3_step_cost(load_architecture()).model_copy(update={"top_k": top_k})
 
 
 def warmed(trace: RoutingTrace, learn_steps: int, steps: int = WARM_UP_STEPS) -> RoutingTrace:
@@ -331,11 +385,17 @@ def recommend(
     layer_limit: int = CHOICE_LAYERS,
     learn_steps: int | None = None,
     workers: int | None = None,
+    exl3_cost: StepCost | None = None,
+    generation: int | None = SERVED_GENERATION,
 ) -> Recommendation:
     """Choose each engine's setting at a GPU budget of `fraction` of every layer's experts (see the module's
     docstring). The scenarios split at `learn_steps` (default the midpoint): the steps before learn, the rest
     is scored, and the stress scenarios change from there. The proposal is left out where numba is missing
-    (its uncompiled loops would take minutes)."""
+    (its uncompiled loops would take minutes). `exl3_cost` prices ExLlamaV3's candidates (default: GLM-5.3's
+    experts on the recipe's rig, `engine_cost.exl3_step_cost`); `generation`, the steps between its queue's
+    drains."""
+    if "exllamav3" in engines and exl3_cost is None:
+        exl3_cost = default_exl3_cost(trace.top_k)
 
     picked = layer_sample(len(trace.layers), layer_limit)
     sample = subset(trace, picked)
@@ -352,25 +412,33 @@ def recommend(
         # within its slots' worth of misses, so the others keep the scenario as it is.
         for name, scenario in plain.items():
             scenario = warmed(scenario, cut) if engine == "exllamav3" else scenario
-            share = len(picked) / len(trace.layers)
-            tasks.append((engine, name, pool, scenario, slots, scenario.steps - held_out, share, accesses))
+            cost = exl3_cost if engine == "exllamav3" else None
+            # The replayed layers stand for the model's: their share of its swap cap and of its decode time.
+            share = len(picked) / max(len(trace.layers), cost.layers if cost is not None else 0)
+            start = scenario.steps - held_out
+            tasks.append(_ScenarioTask(engine, name, pool, scenario, slots, start, share, accesses, cost, generation))
     work = sample.steps * len(picked) * len(tasks)
     results = layer_map(_score_scenario, tasks, default_workers(work) if workers is None else workers)
     choices = []
     for engine, pool in pools.items():
-        rates: dict[tuple[Candidate, str], float] = {}
-        lru: dict[str, float] = {}
-        for (task_engine, name, *_), (baseline, scored_rates) in zip(tasks, results, strict=True):
-            if task_engine == engine:
-                lru[name] = baseline
-                rates.update({(candidate, name): rate for candidate, rate in scored_rates.items()})
-        scenarios = plain
+        rates: dict[tuple[Candidate, str], _Rate] = {}
+        lru: dict[str, _Rate] = {}
+        for task, (baseline, scored_rates) in zip(tasks, results, strict=True):
+            if task.engine == engine:
+                lru[task.name] = baseline
+                rates.update({(candidate, task.name): rate for candidate, rate in scored_rates.items()})
         scored = [
             (
                 candidate,
                 [
-                    ScenarioScore(scenario=name, hit_rate=rates[(candidate, name)], lru_hit_rate=lru[name])
-                    for name in scenarios
+                    ScenarioScore(
+                        scenario=name,
+                        hit_rate=rates[(candidate, name)].hit_rate,
+                        lru_hit_rate=lru[name].hit_rate,
+                        tokens_per_s=rates[(candidate, name)].tokens_per_s,
+                        lru_tokens_per_s=lru[name].tokens_per_s,
+                    )
+                    for name in plain
                 ],
             )
             for candidate in pool
@@ -383,6 +451,7 @@ def recommend(
                 engine=engine,
                 choice=candidate,
                 label=candidate.label,
+                measure="decode rate" if engine == "exllamav3" else "hit rate",
                 scores=rows,
                 worst_gain=min(gains),
                 mean_gain=sum(gains) / len(gains),
@@ -407,6 +476,7 @@ __all__ = [
     "LRU",
     "NEEDS",
     "RECIPE",
+    "SERVED_GENERATION",
     "TOLERANCE",
     "Candidate",
     "EngineChoice",
@@ -414,6 +484,7 @@ __all__ = [
     "ScenarioScore",
     "candidates",
     "choose",
+    "default_exl3_cost",
     "layer_sample",
     "learned_counts",
     "pinned_family",

@@ -31,7 +31,8 @@ def _layer_runs(layers: list[int]) -> str:
 def render_recommendation(recommendation: Recommendation, console: Console) -> None:
     """Each engine's recommended setting and its hit rate against plain LRU on every scenario."""
     table = Table(
-        title=f"Recommended at {recommendation.slots} GPU experts a layer (hit rate vs plain LRU, points; "
+        title=f"Recommended at {recommendation.slots} GPU experts a layer (vs plain LRU: hit rate in points, "
+        "ExLlamaV3's decode rate in %, LRU priced alike; "
         f"learned on {recommendation.learn_steps:,} of {recommendation.steps:,} steps, "
         f"{len(recommendation.layers_replayed)} layers replayed)",
         title_justify="left",
@@ -42,7 +43,8 @@ def render_recommendation(recommendation: Recommendation, console: Console) -> N
         table.add_column(scenario, justify="right")
     for choice in recommendation.engines:
         name = choice.engine if choice.engine != "proposed" else "proposed (no engine yet)"
-        table.add_row(name, choice.label, *(f"{100 * score.gain:+.2f}" for score in choice.scores))
+        unit = "%" if choice.measure == "decode rate" else ""
+        table.add_row(name, choice.label, *(f"{100 * score.gain:+.2f}{unit}" for score in choice.scores))
     console.print(table)
     for choice in recommendation.engines:
         if choice.needs:

@@ -20,9 +20,19 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.engine_cost import StepCost
+from glm53.plan.engine_cost import StepCost, engine_costs
 from glm53.plan.policies import StepHits
-from glm53.plan.recommend import EXL3_DEFAULT, LRU, RECIPE, Candidate, Engine, pinned_family, recommend, replay
+from glm53.plan.recommend import (
+    EXL3_DEFAULT,
+    LRU,
+    RECIPE,
+    Candidate,
+    Engine,
+    default_exl3_cost,
+    pinned_family,
+    recommend,
+    replay,
+)
 from glm53.plan.simulate import belady_hits
 from glm53.plan.trace_shapes import SHAPES, make_shape
 from glm53.plan.traces import RoutingTrace
@@ -74,10 +84,21 @@ def evaluate_shape(
     layers: Sequence[int] = tuple(range(3, 45)),
     fractions: Sequence[float] = (0.08, 0.17, 0.33),
     engines: Sequence[Engine] = ENGINES,
+    priced: bool = False,
 ) -> list[TargetRow]:
+    """The rows of one named shape; `priced`: with each engine's decode rate on the recipe's rig too."""
     trace = make_shape(name, seed=seed, steps=steps, layers=layers)
     learn_steps = max(2, round(trace.steps * SHAPES[name].learn_fraction))
-    return evaluate_trace(trace, learn_steps, name=name, seed=seed, fractions=fractions, engines=engines)
+    costs = engine_costs(trace.experts, trace.top_k) if priced else None
+    return evaluate_trace(
+        trace,
+        learn_steps,
+        name=name,
+        seed=seed,
+        fractions=fractions,
+        engines=engines,
+        costs=costs,
+    )
 
 
 def evaluate_trace(
@@ -94,6 +115,9 @@ def evaluate_trace(
     trace and score the rest; with `costs`, each engine's policies are priced as that engine pays misses."""
     learn = trace.slice(0, learn_steps)
     held_out = (trace.steps - learn_steps) * len(trace.layers) * trace.top_k
+    # The trace's layers stand for GLM-5.3's MoE layers: their share of ExLlamaV3's swap cap (as `recommend`).
+    moe_layers = default_exl3_cost(trace.top_k).layers
+    layer_share = len(trace.layers) / max(len(trace.layers), moe_layers)
     rows = []
     for fraction in fractions:
         slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
@@ -110,14 +134,18 @@ def evaluate_trace(
             if candidate.family == "pinned-lru":
                 hits = family[candidate.pinned_fraction or 0.0]
             else:
-                hits = replay(candidate, trace, slots, learn_steps)
+                hits = replay(candidate, trace, slots, learn_steps, layer_share=layer_share)
             cost = costs.get("vllm" if candidate.engine == "proposed" else candidate.engine) if costs else None
             return PolicyRate(
                 engine=candidate.engine,
                 label=label or candidate.label,
                 hit_rate=hits.total(learn_steps) / held_out,
                 tokens_per_s=(
-                    cost.tokens_per_s(hits.hits[learn_steps:], hits.swaps_between(learn_steps))
+                    cost.tokens_per_s(
+                        hits.hits[learn_steps:],
+                        hits.swaps_between(learn_steps),
+                        layer_share=len(trace.layers) / max(len(trace.layers), cost.layers),
+                    )
                     if cost is not None
                     else None
                 ),

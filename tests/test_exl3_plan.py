@@ -23,7 +23,6 @@ from glm53.plan.exl3 import (
     Exl3Plan,
     Exl3Shape,
     compare_placements,
-    dynamic_cpu_selections,
     kv_bytes_per_token,
     layer_non_expert_bytes,
     parse_cache_mode,
@@ -33,6 +32,7 @@ from glm53.plan.exl3 import (
     static_cpu_experts,
 )
 from glm53.plan.planner import GpuSpec, Infeasible
+from glm53.plan.policies import exl3_dynamic
 from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, synthesize_trace, write_counts, write_trace
 from glm53.recipe.profiles import load_profile
 from tests.support.cli import run_with_capsys as run
@@ -366,6 +366,16 @@ def reference_dynamic(
                 swaps += 1
             counts[layer] = [value / 2 for value in c]
     return hits, swaps
+
+
+def dynamic_cpu_selections(
+    routes: NDArray[np.int16], experts: int, k: int, **settings: float
+) -> tuple[NDArray[np.int64], int]:
+    """`policies.exl3_dynamic` from the tail-k start, its queue draining after every step: per step the
+    selections computed on the CPU, and the swaps made."""
+    _, layers, top_k = routes.shape
+    replayed = exl3_dynamic(routes, experts, [k] * layers, generation=None, **settings)  # type: ignore[arg-type]
+    return layers * top_k - replayed.hits.sum(axis=1, dtype=np.int64), replayed.swaps_between(0)
 
 
 def skewed_routes(steps: int, layers: int, experts: int, top_k: int, seed: int) -> NDArray[np.int16]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from glm53.plan import policies
-from glm53.plan.exl3 import dynamic_cpu_selections, static_cpu_experts
+from glm53.plan.exl3 import static_cpu_experts
 from glm53.plan.policies import (
     _sweep_points,
     adaptive_frequency,
@@ -109,13 +109,6 @@ def test_dynamic_split_matches_the_engines_rule(
     )
     assert np.array_equal(got.hits, expected)
     assert got.swaps_between(0) == swaps > 0
-
-
-def test_dynamic_split_agrees_with_the_placement_comparison() -> None:
-    trace = synthesize_trace(SyntheticTraceSpec(layers=(3, 4, 5, 6), steps=700, seed=3))
-    cpu, swaps = dynamic_cpu_selections(trace.routes, 288, 200)
-    got = exl3_dynamic(trace.routes, 288, [200] * 4)
-    assert np.array_equal(cpu, 4 * 8 - got.hits.sum(axis=1)) and swaps == got.swaps_between(0)
 
 
 def test_sweep_points() -> None:

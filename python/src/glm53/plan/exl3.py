@@ -50,6 +50,7 @@ from glm53.host.rig import rig_topology
 from glm53.plan.checkpoint_facts import ModelFacts, model_facts
 from glm53.plan.cpu_pools import plan_cpu_sets
 from glm53.plan.planner import GpuSpec, Infeasible, gpu_spec, host_budget
+from glm53.plan.policies import exl3_dynamic
 from glm53.plan.recommend import Recommendation
 from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
@@ -637,62 +638,6 @@ SWAP_FLOOR = 8.0
 SWAP_MAX = 64
 
 
-def dynamic_cpu_selections(
-    routes: NDArray[np.int16],
-    experts: int,
-    k: int,
-    *,
-    interval: int = SWAP_INTERVAL,
-    hysteresis: float = SWAP_HYSTERESIS,
-    floor: float = SWAP_FLOOR,
-    max_swaps: int = SWAP_MAX,
-) -> tuple[NDArray[np.int64], int]:
-    """Per step, how many selections ExLlamaV3's dynamic placement computes on the CPU, and the swaps it made.
-
-    routes[step, layer, rank]. As in 1.4.6: the tail k router ids start on the CPU; counts accumulate per
-    expert; every `interval` steps each layer in turn swaps its hottest CPU expert with its coldest GPU expert
-    while hot >= max(hysteresis x max(cold, 1), floor x mean count), at most `max_swaps` swaps per sweep over
-    all layers; a layer's counts are halved after its turn. Once the sweep's swaps are spent, the layers after
-    it get no turn, and keep their counts undecayed (`run_pending_swap_sweeps` stops walking the registry).
-
-    1.4.6 sweeps when the generator's queue drains after `interval` steps (inline only after 4 x interval):
-    this replays a generation boundary at least every `interval` steps, the most dynamic placement can do.
-    The floor makes a swap impossible when top_k / experts > 1 / floor: an expert's count is at most the
-    (decayed) number of steps, the floor is floor x top_k / experts times that."""
-    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
-
-    steps, layers, _ = routes.shape
-    on_cpu = np.zeros((layers, experts), dtype=bool)
-    on_cpu[:, experts - k :] = True
-    hist = np.zeros((layers, experts), dtype=np.float64)
-    cpu_hits = np.zeros(steps, dtype=np.int64)
-    swaps = 0
-    for step in range(steps):
-        row = routes[step]
-        for layer in range(layers):
-            ids = row[layer]
-            cpu_hits[step] += int(on_cpu[layer, ids].sum())
-            np.add.at(hist[layer], ids, 1.0)
-        if (step + 1) % interval:
-            continue
-        budget = max_swaps
-        for layer in range(layers):
-            if budget <= 0:
-                break  # this layer and the rest keep their counts (no turn, no decay)
-            counts = hist[layer]
-            threshold_floor = floor * counts.sum() / experts
-            head = sorted((counts[e], e) for e in np.flatnonzero(~on_cpu[layer]))
-            tail = sorted(((counts[e], e) for e in np.flatnonzero(on_cpu[layer])), reverse=True)
-            for (cold, cold_id), (hot, hot_id) in zip(head, tail, strict=False):
-                if budget <= 0 or hot < max(hysteresis * max(cold, 1.0), threshold_floor):
-                    break
-                on_cpu[layer, cold_id], on_cpu[layer, hot_id] = True, False
-                budget -= 1
-                swaps += 1
-            hist[layer] *= 0.5
-    return cpu_hits, swaps
-
-
 def static_cpu_experts(counts: Sequence[float] | NDArray[np.float64], k: int) -> list[int]:
     """The k experts ExLlamaV3 puts on the CPU from a stats file: it orders experts hottest first (a stable
     sort on -count, `load_cpu_split`) and takes the tail, so among equal counts the higher ids go."""
@@ -715,8 +660,10 @@ def compare_placements(trace: RoutingTrace, k: int, learn_fraction: float = 0.5)
         mask = np.zeros(trace.experts, dtype=bool)
         mask[static_cpu_experts(counts[index], k)] = True
         static_hits += int(mask[score.routes[:, index, :]].sum())
-    dynamic, swaps = dynamic_cpu_selections(trace.routes, trace.experts, k)
-    dynamic_share = float(dynamic[learn.steps :].sum()) / selections
+    # ExLlamaV3's dynamic split from the same start, its queue draining after every step (the most it can move)
+    dynamic = exl3_dynamic(trace.routes, trace.experts, [k] * len(trace.layers), generation=None)
+    swaps = dynamic.swaps_between(0)
+    dynamic_share = (selections - dynamic.total(learn.steps)) / selections
     static_share = static_hits / selections
     uniform = k / trace.experts
     winner: Literal["static", "dynamic"] = "static" if static_share < dynamic_share - 0.005 else "dynamic"
@@ -787,7 +734,6 @@ __all__ = [
     "check_counts",
     "compare_placements",
     "counts_by_layer",
-    "dynamic_cpu_selections",
     "gpu_budget",
     "gpu_split_gib",
     "kv_bytes_per_token",

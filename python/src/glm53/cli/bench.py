@@ -6,6 +6,8 @@ Each command writes its section of OUT/summary.json (atomically; other sections 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -121,18 +123,44 @@ def settings_options(settings: type[BenchSettings], command: str) -> Callable[[C
     )
 
 
+def _access_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every measuring command ends with, --api-key, --api-key-file and --json: the command gets
+    the Target with its key resolved (flag, file or environment) and `out`, the Output in the chosen mode."""
+    signature = inspect.signature(func, eval_str=True)
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        for name, default, annotation in (
+            ("api_key", None, BenchApiKeyOpt),
+            ("api_key_file", None, BenchApiKeyFileOpt),
+            ("json_out", False, JsonOpt),
+        )
+    ]
+
+    @functools.wraps(func)
+    def command(*args: Any, api_key: str | None, api_key_file: Path | None, json_out: bool, **kwargs: Any) -> Any:
+        target: Target = kwargs["target"]
+        kwargs["target"] = target.model_copy(update={"api_key": resolve_api_key(api_key, api_key_file)})
+        return func(*args, out=Output(json_mode=json_out), **kwargs)
+
+    # Typer reads the signature: the command's own parameters (less `out`), then the shared options.
+    own = [parameter for name, parameter in signature.parameters.items() if name != "out"]
+    command.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
+    command.__annotations__ = {parameter.name: parameter.annotation for parameter in [*own, *shared]}
+    return command
+
+
 def bench_options(
     settings: type[BenchSettings], command: str, *, backends: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A measuring command's options: the Target's (with --backend for the commands that split by backend), then
-    the kind's settings; the command gets a Target and the settings model."""
+    """A measuring command's options: the Target's (with --backend for the commands that split by backend), the
+    kind's settings, then the shared access options; the command gets a Target, the settings model and `out`."""
     target_fields = (*TARGET_FIELDS, "backends") if backends else TARGET_FIELDS
     target = options_from(
         Target, "target", fields=target_fields, flags=TARGET_FLAGS, hint=f"see `glm53 bench {command} --help`"
     )
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return target(settings_options(settings, command)(func))
+        return target(settings_options(settings, command)(_access_options(func)))
 
     return decorate
 
@@ -155,10 +183,8 @@ def _measure(
     name: str,
     target: Target,
     settings: BenchSettings,
-    json_out: bool,
+    out: Output,
     *,
-    api_key: str | None,
-    api_key_file: Path | None,
     measure: Callable[[Session, Output, Callable[[Any], None]], Any],
     outcome: Callable[[Any, Path, list[GateResult], Output], BaseModel],
     render: Callable[[Console, Any], None],
@@ -168,8 +194,6 @@ def _measure(
     write the section, print the outcome, exit 1 on a failed gate (unless the settings only report). Returns
     the section and the summary's path."""
 
-    out = Output(json_mode=json_out)
-    target = target.model_copy(update={"api_key": resolve_api_key(api_key, api_key_file)})
     with measuring(target) as session:
         section = measure(session, out, checkpointer(target.out_dir, session.environment, name, out.warn))
         if session.tracker is not None:
@@ -212,9 +236,7 @@ def _finish(
 def run_cmd(
     target: Target,
     settings: RunSettings,
-    api_key: BenchApiKeyOpt = None,
-    api_key_file: BenchApiKeyFileOpt = None,
-    json_out: JsonOpt = False,
+    out: Output,
 ) -> None:
     """Throughput: TTFT, prefill and decode tok/s per shape, best of N, exact-length token-id prompts.
 
@@ -255,9 +277,7 @@ def run_cmd(
         "run",
         target,
         settings,
-        json_out,
-        api_key=api_key,
-        api_key_file=api_key_file,
+        out,
         measure=measure,
         outcome=outcome,
         render=run_tables,
@@ -270,9 +290,7 @@ def run_cmd(
 def needle_cmd(
     target: Target,
     settings: NeedleSettings,
-    api_key: BenchApiKeyOpt = None,
-    api_key_file: BenchApiKeyFileOpt = None,
-    json_out: JsonOpt = False,
+    out: Output,
 ) -> None:
     """Needle recall: an exact JSON record at each depth of each prompt size, asked back verbatim.
 
@@ -302,9 +320,7 @@ def needle_cmd(
         "needle",
         target,
         settings,
-        json_out,
-        api_key=api_key,
-        api_key_file=api_key_file,
+        out,
         measure=measure,
         outcome=outcome,
         render=needle_table,
@@ -316,9 +332,7 @@ def needle_cmd(
 def coherence_cmd(
     target: Target,
     settings: CoherenceSettings,
-    api_key: BenchApiKeyOpt = None,
-    api_key_file: BenchApiKeyFileOpt = None,
-    json_out: JsonOpt = False,
+    out: Output,
 ) -> None:
     """Coherence gates: 17 x 23 = 391, a get_weather call with the city, `def is_prime` with thinking off.
 
@@ -347,9 +361,7 @@ def coherence_cmd(
         "coherence",
         target,
         settings,
-        json_out,
-        api_key=api_key,
-        api_key_file=api_key_file,
+        out,
         measure=measure,
         outcome=outcome,
         render=coherence_table,
@@ -361,9 +373,7 @@ def coherence_cmd(
 def agent_cmd(
     target: Target,
     settings: AgentSettings,
-    api_key: BenchApiKeyOpt = None,
-    api_key_file: BenchApiKeyFileOpt = None,
-    json_out: JsonOpt = False,
+    out: Output,
 ) -> None:
     """Agent turns: scripted multi-turn tool use; prefix-cache hit %, tool-call turn latency, decode tok/s.
 
@@ -406,9 +416,7 @@ def agent_cmd(
         "agent",
         target,
         settings,
-        json_out,
-        api_key=api_key,
-        api_key_file=api_key_file,
+        out,
         measure=measure,
         outcome=outcome,
         render=agent_tables,

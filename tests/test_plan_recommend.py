@@ -14,7 +14,7 @@ from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_DECODE, exl3_step_cost, recipe_step_cost
 from glm53.plan.kv_budget import derive_kv
 from glm53.plan.recommend import LRU, SERVED_GENERATION, TOLERANCE, candidates, recommend, replay
-from glm53.plan.targets import check_targets, evaluate_shape
+from glm53.plan.targets import SAME_LEARNING_PART, check_targets, evaluate_shape, pinned_frontier
 from glm53.plan.trace_import import import_trace
 from glm53.plan.trace_shapes import SHAPES, make_shape, stress_scenarios
 from glm53.plan.traces import read_trace
@@ -261,3 +261,30 @@ def test_exllamav3_is_chosen_by_decode_rate_with_its_swaps_paid() -> None:
     drained = replay(dynamic, trace, 49, 800, generation=None)
     assert len(drained.sweep_steps) > len(served.sweep_steps) > 0
     assert SERVED_GENERATION == 2048
+
+
+def test_three_shapes_share_their_learning_part_so_one_setting_serves_them_all() -> None:
+    """stationary, repermute-50 and repermute-85 are one trace until their drift: whatever the recommendation
+    makes of the learning part, it makes for all three, which is why the recipe's engine cannot meet the
+    stationary target and the LRU guard at once (`pinned_frontier`, benchmarks/bench_pinned_frontier.py)."""
+    steps = 2000
+    traces = {shape: make_shape(shape, seed=2, steps=steps, layers=range(3, 7)) for shape in SAME_LEARNING_PART}
+    learn = round(steps * SHAPES["stationary"].learn_fraction)
+    stationary = traces["stationary"].routes
+    for trace in traces.values():
+        assert np.array_equal(trace.routes[:learn], stationary[:learn])
+    assert not np.array_equal(traces["repermute-50"].routes, stationary)
+    chosen = {recommend(t.slice(0, learn), 0.17, engines=("vllm",)).engine("vllm").choice for t in traces.values()}
+    assert len(chosen) == 1
+
+
+def test_the_pinned_frontier_trades_the_stationary_gain_for_the_drifted_loss() -> None:
+    points = pinned_frontier(seeds=(0,), steps=2000, layers=tuple(range(3, 7)), pinned=(0.0, 0.2, 0.6))
+    assert [point.pinned_fraction for point in points] == [0.0, 0.2, 0.6]
+    lru, recipe, heavy = points
+    assert all(gain == 0 for gains in lru.gains.values() for gain in gains)
+    assert recipe.over_recipe == [0.0]
+    # more pinned: more on the stationary shape, less once popularity is re-permuted at mid-trace
+    assert heavy.gains["stationary"][0] > recipe.gains["stationary"][0] > 0
+    assert heavy.gains["repermute-50"][0] < recipe.gains["repermute-50"][0]
+    assert not lru.meets_both and not heavy.meets_both

@@ -3,6 +3,7 @@ recipe's policy and Belady's MIN, on the held-out part of the shape's trace.
 
     evaluate_shape(name, seed, ...) -> list[TargetRow]     one row per budget
     check_targets(rows) -> list[TargetCheck]
+    pinned_frontier(...) -> list[FrontierPoint]             what the recipe's engine can reach at all
 
 The recommendation sees only the learning part (the shape's first 20%, 2% for learn-2%), as `glm53 plan
 --stats` would; every policy then runs over the whole trace (the learning part warms it up) and is scored on
@@ -16,7 +17,6 @@ LRU-to-MIN gap over the shapes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,9 +36,6 @@ from glm53.plan.recommend import (
 from glm53.plan.simulate import belady_hits
 from glm53.plan.trace_shapes import SHAPES, make_shape
 from glm53.plan.traces import RoutingTrace
-
-if TYPE_CHECKING:
-    pass
 
 BELOW_LRU = 0.0025
 OVER_RECIPE = 0.04
@@ -239,4 +236,70 @@ def check_targets(rows: Sequence[TargetRow], engines: Sequence[Engine] = ENGINES
     return checks
 
 
-__all__ = ["ENGINES", "PolicyRate", "TargetCheck", "TargetRow", "check_targets", "evaluate_shape", "evaluate_trace"]
+# Shapes whose learning part (their first 20%) is the stationary shape's, step for step, on the same seed: a
+# recommendation made from it is the same on all of them.
+SAME_LEARNING_PART = ("stationary", "repermute-50", "repermute-85")
+FRONTIER_PINNED = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)
+
+
+class FrontierPoint(BaseModel):
+    """One pinned share of the recipe's engine on the shapes that share a learning part: per shape and seed,
+    its held-out hit rate minus plain LRU's."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pinned_fraction: float
+    gains: dict[str, list[float]]  # shape -> one gain per seed
+    over_recipe: list[float]  # stationary, per seed: hit rate minus the recipe's (20% pinned)
+
+    @property
+    def meets_both(self) -> bool:
+        """At least the recipe + 4 points on stationary and within 0.25 of LRU on the others, every seed."""
+        held = all(gain >= -BELOW_LRU for shape, gains in self.gains.items() if shape != "stationary" for gain in gains)
+        return held and min(self.over_recipe) >= OVER_RECIPE
+
+
+def pinned_frontier(
+    *,
+    seeds: Sequence[int] = range(5),
+    fraction: float = 0.17,
+    steps: int = 6000,
+    layers: Sequence[int] = tuple(range(3, 11)),
+    pinned: Sequence[float] = FRONTIER_PINNED,
+) -> list[FrontierPoint]:
+    """Every pinned share the recipe's engine could be given (rankings learned on the shared learning part),
+    on each shape of `SAME_LEARNING_PART`: a setting chosen from that part is chosen for all of them alike, so
+    one that meets the stationary target and stays within a quarter point of LRU on the re-permuted shapes
+    must be one of these points."""
+    shares = sorted({0.0, RECIPE.pinned_fraction or 0.0, *pinned})
+    gains: dict[float, dict[str, list[float]]] = {p: {shape: [] for shape in SAME_LEARNING_PART} for p in shares}
+    over: dict[float, list[float]] = {p: [] for p in shares}
+    for seed in seeds:
+        for shape in SAME_LEARNING_PART:
+            trace = make_shape(shape, seed=seed, steps=steps, layers=layers)
+            learn_steps = max(2, round(trace.steps * SHAPES[shape].learn_fraction))
+            slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
+            held_out = (trace.steps - learn_steps) * len(trace.layers) * trace.top_k
+            rates = {
+                p: hits.total(learn_steps) / held_out
+                for p, hits in zip(shares, pinned_family(trace, slots, learn_steps, shares), strict=True)
+            }
+            for p in shares:
+                gains[p][shape].append(rates[p] - rates[0.0])
+                if shape == "stationary":
+                    over[p].append(rates[p] - rates[RECIPE.pinned_fraction or 0.0])
+    return [FrontierPoint(pinned_fraction=p, gains=gains[p], over_recipe=over[p]) for p in shares if p in pinned]
+
+
+__all__ = [
+    "ENGINES",
+    "SAME_LEARNING_PART",
+    "FrontierPoint",
+    "PolicyRate",
+    "TargetCheck",
+    "TargetRow",
+    "check_targets",
+    "evaluate_shape",
+    "evaluate_trace",
+    "pinned_frontier",
+]

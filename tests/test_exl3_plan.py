@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -266,7 +267,17 @@ def test_a_4gib_gpu_cannot_hold_even_the_non_expert_weights() -> None:
     assert "even with every routed expert on the CPU" in caught.value.message
     assert "weights (7.27 GiB)" in caught.value.message  # the non-expert weights
     assert "more than the GPUs' 2.41 GiB" in caught.value.message  # floor(4 - 0.59 - 0.25) - 0.75 slack
-    assert "MAX_MODEL_LEN" in (caught.value.hint or "")
+    assert "MAX_MODEL_LEN" in (caught.value.hint or "") and "CHUNK_SIZE" in (caught.value.hint or "")
+
+
+def test_the_gpu_need_that_does_not_fit_adds_up_to_more_than_the_gpu() -> None:
+    """Every part the layer split must place is named, the prompt chunk's activations too, so the need stated
+    is more than the budget stated."""
+    with pytest.raises(Infeasible) as caught:
+        plan_for("exl3-1gpu", a_rig("small", [4], 128))
+    numbers = re.search(r"need ([0-9.]+) GiB, more than the GPUs' ([0-9.]+) GiB", caught.value.message)
+    assert numbers is not None and float(numbers[1]) > float(numbers[2])
+    assert "a prompt chunk of 2,048 tokens" in caught.value.message
 
 
 def test_too_few_gpus_for_the_profile() -> None:

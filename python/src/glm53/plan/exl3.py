@@ -527,14 +527,18 @@ def plan_exl3(
                 )
                 candidates.append(("offload", cpu, ledgers, offload))
     if not candidates:
-        fixed = sum(layer_non_expert_bytes(model)) + cache_size * kv_token + state_seq * seqs
+        # every GPU holds one prompt chunk's activations besides its layers (`_place`)
+        scratch = scratch_bytes(model, shape) * len(budgets)
+        fixed = sum(layer_non_expert_bytes(model)) + cache_size * kv_token + state_seq * seqs + scratch
         raise Infeasible(
             f"even with every routed expert on the CPU, the non-expert weights "
             f"({sum(layer_non_expert_bytes(model)) / GIB:.2f} GiB), "
-            f"the cache of {cache_size:,} tokens ({cache_size * kv_token / GIB:.2f} GiB) and the recurrent state "
-            f"need {fixed / GIB:.2f} GiB, more than the GPUs' {total_budget / GIB:.2f} GiB",
+            f"the cache of {cache_size:,} tokens ({cache_size * kv_token / GIB:.2f} GiB), the recurrent state "
+            f"({state_seq * seqs / GIB:.2f} GiB) and a prompt chunk of {shape.chunk_size:,} tokens "
+            f"({scratch / GIB:.2f} GiB) need {fixed / GIB:.2f} GiB, more than the GPUs' {total_budget / GIB:.2f} GiB"
+            + (" (a layer's parts do not split across GPUs)" if fixed <= total_budget else ""),
             constraint="gpu memory",
-            fix="lower MAX_MODEL_LEN or MAX_NUM_SEQS, use a quantized CACHE_MODE (Q8), or add a GPU",
+            fix="lower MAX_MODEL_LEN, MAX_NUM_SEQS or CHUNK_SIZE, use a quantized CACHE_MODE (Q8), or add a GPU",
         )
     budget, source = host_budget
 

@@ -29,18 +29,29 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from glm53.plan.targets import ENGINES, TargetRow, check_targets, evaluate_shape
+from glm53.plan.targets import ENGINES, LRU_THROUGH_SWAPS, PolicyRate, TargetRow, check_targets, evaluate_shape
 from glm53.plan.trace_shapes import SHAPES
 from glm53.plan.traces import parse_layers
 
 
 def exl3_rates(group: list[TargetRow]) -> str:
-    """ExLlamaV3's mean predicted decode rate, defaults -> recommended ("-" where not priced)."""
-    default = [b.tokens_per_s for r in group for b in r.baselines if b.engine == "exllamav3"]
-    chosen = [p.tokens_per_s for r in group for p in r.recommended if p.engine == "exllamav3"]
+    """ExLlamaV3's mean predicted decode rate, defaults -> recommended, and in brackets plain LRU run by its swaps
+    ("-" where not priced)."""
+
+    def rates(policies: list[PolicyRate]) -> list[float | None]:
+        return [p.tokens_per_s for p in policies if p.engine == "exllamav3" and p.label != LRU_THROUGH_SWAPS]
+
+    default = [rate for r in group for rate in rates(r.baselines)]
+    chosen = [rate for r in group for rate in rates(r.recommended)]
+    by_swaps = [p.tokens_per_s for r in group for p in r.baselines if p.label == LRU_THROUGH_SWAPS]
     if not default or not chosen or None in default or None in chosen:
         return "-"
-    return f"{np.mean(default):.1f} -> {np.mean(chosen):.1f}"
+
+    def mean(values: list[float | None]) -> str:
+        return f"{np.mean([value or 0.0 for value in values]):.1f}"
+
+    through = f" (LRU {mean(by_swaps)})" if by_swaps else ""
+    return f"{mean(default)} -> {mean(chosen)}{through}"
 
 
 def table(rows: list[TargetRow], console: Console) -> None:

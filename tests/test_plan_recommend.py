@@ -11,10 +11,17 @@ import pytest
 
 from glm53.errors import BadInput
 from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_DECODE, exl3_step_cost, recipe_step_cost
+from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_DECODE, engine_costs, exl3_step_cost, recipe_step_cost
 from glm53.plan.kv_budget import derive_kv
 from glm53.plan.recommend import LRU, SERVED_GENERATION, TOLERANCE, candidates, recommend, replay
-from glm53.plan.targets import SAME_LEARNING_PART, check_targets, evaluate_shape, pinned_frontier
+from glm53.plan.targets import (
+    LRU_THROUGH_SWAPS,
+    SAME_LEARNING_PART,
+    check_targets,
+    evaluate_shape,
+    evaluate_trace,
+    pinned_frontier,
+)
 from glm53.plan.trace_import import import_trace
 from glm53.plan.trace_shapes import SHAPES, make_shape, stress_scenarios
 from glm53.plan.traces import read_trace
@@ -288,3 +295,18 @@ def test_the_pinned_frontier_trades_the_stationary_gain_for_the_drifted_loss() -
     assert heavy.gains["stationary"][0] > recipe.gains["stationary"][0] > 0
     assert heavy.gains["repermute-50"][0] < recipe.gains["repermute-50"][0]
     assert not lru.meets_both and not heavy.meets_both
+
+
+def test_lru_run_by_exllamav3s_swaps_decodes_slower_than_its_recommended_split() -> None:
+    """Priced as ExLlamaV3 pays (GLM-5.3's experts on the recipe's rig): promoting every miss by a swap costs
+    more than computing the miss on the CPU, so LRU's better hit rate decodes slower there than the split
+    recommended by decode rate, and slower than LRU whose misses cost nothing but the CPU's compute."""
+    trace = make_shape("stationary", seed=0, steps=2400, layers=tuple(range(3, 9)))
+    costs = engine_costs(trace.experts, trace.top_k)
+    assert costs is not None
+    (row,) = evaluate_trace(trace, 480, fractions=(0.17,), engines=("vllm", "exllamav3"), costs=costs)
+    through = next(b for b in row.baselines if b.label == LRU_THROUGH_SWAPS)
+    chosen = next(p for p in row.recommended if p.engine == "exllamav3")
+    assert through.hit_rate == row.lru > chosen.hit_rate
+    assert through.tokens_per_s is not None and chosen.tokens_per_s is not None
+    assert through.tokens_per_s < chosen.tokens_per_s

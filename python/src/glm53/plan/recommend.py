@@ -78,9 +78,11 @@ NEEDS = {
     "vllm": "the recipe's engine keeps an LRU order per layer; it would need a decayed count per expert (one "
     "multiply-add per selection) and to evict the lowest count outside the last step's experts instead of the "
     "least recent, admitting a miss only when its count beats that victim's",
-    "exllamav3": "ExLlamaV3 1.4.6 moves experts only at sweeps between generations (a placement change "
-    "mid-generation derails it: the CPU and GPU kernels round differently); a per-step cache would need "
-    "numerically matching kernels and promotion on a miss",
+    "exllamav3": "ExLlamaV3 1.4.6 moves experts only at sweeps, between generations or every 4 x interval passes "
+    "(a placement change mid-generation perturbs the output: the CPU and GPU kernels round differently), and a "
+    "swap re-reads both experts from the checkpoint, which costs more than computing a miss on the CPU; a "
+    "per-step cache would need promotion on a miss copied asynchronously from pinned host memory beside the "
+    "other layers' work (as the recipe's engine fills its cache) and numerically matching kernels",
 }
 
 

@@ -155,6 +155,9 @@ def evaluate_trace(
         baselines = [priced(LRU, "plain LRU"), priced(RECIPE, "recipe: 20% pinned")]
         if "exllamav3" in engines and slots < trace.experts:
             baselines.append(priced(EXL3_DEFAULT, "ExLlamaV3 defaults (dynamic /128 x2 floor 8)"))
+            exl3_cost = costs.get("exllamav3") if costs else None
+            if exl3_cost is not None:
+                baselines.append(lru_through_swaps(family[0.0], learn_steps, exl3_cost, baselines[0].hit_rate))
         rows.append(
             TargetRow(
                 shape=name,
@@ -168,6 +171,26 @@ def evaluate_trace(
             )
         )
     return rows
+
+
+LRU_THROUGH_SWAPS = "plain LRU by ExLlamaV3's swaps (every miss promoted)"
+
+
+def lru_through_swaps(lru: StepHits, learn_steps: int, cost: StepCost, hit_rate: float) -> PolicyRate:
+    """Plain LRU as ExLlamaV3 1.4.6 would have to run it: every miss promoted to the GPU by a swap (two expert
+    reads from the checkpoint and a copy, `StepCost.swap_seconds`), where its own miss path computes the expert
+    on the CPU in less time than that swap takes."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    held = lru.hits[learn_steps:]
+    layers = held.shape[1]
+    misses = int(cost.top_k * held.size - held.sum(dtype=np.int64))
+    return PolicyRate(
+        engine="exllamav3",
+        label=LRU_THROUGH_SWAPS,
+        hit_rate=hit_rate,
+        tokens_per_s=cost.tokens_per_s(held, misses, layer_share=layers / max(layers, cost.layers)),
+    )
 
 
 class TargetCheck(BaseModel):
@@ -293,6 +316,7 @@ def pinned_frontier(
 
 __all__ = [
     "ENGINES",
+    "LRU_THROUGH_SWAPS",
     "SAME_LEARNING_PART",
     "FrontierPoint",
     "PolicyRate",
@@ -301,5 +325,6 @@ __all__ = [
     "check_targets",
     "evaluate_shape",
     "evaluate_trace",
+    "lru_through_swaps",
     "pinned_frontier",
 ]

@@ -10,7 +10,7 @@ Candidates, each replayed by `policies` at the same GPU budget (a share of every
                                     (p = 0 is plain LRU), rankings learned         rankings file
     exllamav3   static split        the coldest experts on the CPU, for good     yes: EXL3_MOE_CPU_SWAP=0 and
                                                                                    EXL3_MOE_CPU_SPLIT_STATS
-    exllamav3   dynamic split       sweep interval, hysteresis, floor            yes: EXL3_MOE_CPU_SWAP_*
+    exllamav3   dynamic split       sweep interval, hysteresis, floor, swap cap  yes: EXL3_MOE_CPU_SWAP_*
     proposed    decayed frequency   recent steps kept, count half-life           no (see NEEDS)
 
 Each candidate is scored on every scenario by its hit rate minus plain LRU's there (the baseline that cannot
@@ -70,6 +70,9 @@ LRU_GUARD = 0.0025
 CHOICE_LAYERS = 12
 # Steps of warm-up before a scenario's learning part: 4 sweeps of the slowest dynamic-split candidate.
 WARM_UP_STEPS = 2048
+# ExLlamaV3's cap on a sweep's swaps over all its split layers is 64 (EXL3_MOE_CPU_SWAP_MAX): about 1.5 experts a
+# layer of GLM-5.3's 42. A candidate lifts it so that a sweep can follow popularity; its swaps are paid.
+LARGE_SWAP_CAP = 1024
 # ExLlamaV3's queue drains when a request ends, and only then runs a pending sweep (or inline at 4 x interval):
 # requests of 2,048 generated tokens, one at a time, the length of the recipe's measured requests.
 SERVED_GENERATION = 2048
@@ -112,7 +115,8 @@ class Candidate(BaseModel):
         if self.family == "exl3-static":
             return "static split"
         if self.family == "exl3-dynamic":
-            return f"dynamic split /{self.interval} x{self.hysteresis:g} floor {self.floor:g}"
+            cap = "" if self.max_swaps in (None, SWAP_MAX) else f" cap {self.max_swaps}"
+            return f"dynamic split /{self.interval} x{self.hysteresis:g} floor {self.floor:g}{cap}"
         if self.family == "adaptive-frequency":
             return f"decayed frequency, self-tuned half-life, recent {self.recent}"
         return f"decayed frequency, half-life {self.half_life:g}, recent {self.recent}"
@@ -160,11 +164,12 @@ def candidates(engine: Engine) -> list[Candidate]:
                 interval=interval,
                 hysteresis=hysteresis,
                 floor=floor,
-                max_swaps=SWAP_MAX,
+                max_swaps=max_swaps,
             )
             for interval in (8, 32, 128, 512)
             for hysteresis in (2.0, 4.0)
             for floor in (0.0, SWAP_FLOOR)
+            for max_swaps in (SWAP_MAX, LARGE_SWAP_CAP)
         ]
         return [Candidate(engine="exllamav3", family="exl3-static"), *dynamic]
     fixed = [

@@ -76,6 +76,20 @@ def test_a_capture_survives_a_save_and_load(tmp_path: Path) -> None:
     assert compare_capture(load_capture(path)) == compare_capture(capture)
 
 
+def test_timed_sweeps_give_the_cost_of_a_swap_and_survive_a_save(tmp_path: Path) -> None:
+    """Sweep times (the recorder's, device synchronized around each) fitted over the sweeps' swaps: the slope is
+    what a swap costs, the intercept what a sweep costs with none."""
+    capture = load_capture(CAPTURES / "inline-sweeps.npz")
+    assert compare_capture(capture).seconds_per_swap is None  # recorded before sweeps were timed
+    swaps = capture.sweep_swaps.sum(axis=1)
+    timed = dataclasses.replace(capture, sweep_seconds=tuple(0.004 + 0.0021 * float(n) for n in swaps))
+    path = tmp_path / "timed.npz"
+    path.write_bytes(save_capture(timed))
+    result = compare_capture(load_capture(path))
+    assert result.agree and result.sweep_seconds == pytest.approx(sum(timed.sweep_seconds))
+    assert result.seconds_per_swap == pytest.approx(0.0021) and result.seconds_per_sweep == pytest.approx(0.004)
+
+
 def _rewritten(tmp_path: Path, header_change: dict[str, object], drop: str | None = None) -> Path:
     with np.load(CAPTURES / "inline-sweeps.npz") as data:
         arrays = {name: data[name] for name in data.files if name != drop}
@@ -99,6 +113,7 @@ def _rewritten(tmp_path: Path, header_change: dict[str, object], drop: str | Non
         ({"experts": 4}, None, "a router id outside 0..3"),
         ({"sweep_calls": [1, 2]}, None, "lengths do not match"),
         ({"interval": "often"}, None, "malformed"),
+        ({"sweep_seconds": [0.1, 0.2]}, None, "2 sweep times for 18 sweeps"),
     ],
 )
 def test_a_malformed_capture_is_refused_naming_the_file(

@@ -62,6 +62,7 @@ def test_the_recorder_runs_the_program_as_its_own_main_and_writes_the_capture(tm
     result = compare_capture(capture)
     assert result.trigger_agrees and result.sweeps > 0 and result.agree
     assert {inline for _, inline in result.recorded_sweeps} == {True, False}  # both paths of the trigger
+    assert len(capture.sweep_seconds) == result.sweeps and all(seconds >= 0 for seconds in capture.sweep_seconds)
     trace = read_trace(tmp_path / "capture" / "routing.npz")
     assert trace.layers == (1, 2, 3) and trace.steps == 3 * 11
     assert np.array_equal(trace.routes[:, 2], capture.layers[2].routes)

@@ -59,6 +59,8 @@ class Exl3Capture:
     sweep_inline: tuple[bool, ...]
     sweep_swaps: NDArray[np.int64]  # (sweeps, split layers): the engine's swaps
     engine_cpu: NDArray[np.bool_]  # (split layers, experts): the engine's placement at the end
+    # Wall seconds of each recorded sweep, the device synchronized before and after (empty: not timed)
+    sweep_seconds: tuple[float, ...] = ()
 
 
 class CapturedLayerResult(BaseModel):
@@ -89,6 +91,11 @@ class CaptureComparison(BaseModel):
     layers: list[CapturedLayerResult]
     layers_agreeing: int
     agree: bool
+    sweep_seconds: float | None = Field(default=None, description="Wall time of all sweeps, where timed.")
+    seconds_per_swap: float | None = Field(
+        default=None, description="Least-squares slope of a sweep's time over its swaps, where timed."
+    )
+    seconds_per_sweep: float | None = Field(default=None, description="That fit's intercept: a sweep's own cost.")
 
 
 def save_capture(capture: Exl3Capture) -> bytes:
@@ -110,6 +117,7 @@ def save_capture(capture: Exl3Capture) -> bytes:
         "cpu_experts": list(capture.cpu_experts),
         "sweep_calls": list(capture.sweep_calls),
         "sweep_inline": list(capture.sweep_inline),
+        **({"sweep_seconds": list(capture.sweep_seconds)} if capture.sweep_seconds else {}),
     }
     arrays: dict[str, Any] = {
         "header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
@@ -158,6 +166,7 @@ def load_capture(path: Path) -> Exl3Capture:
             sweep_inline=tuple(bool(i) for i in header["sweep_inline"]),
             sweep_swaps=arrays["sweep_swaps"].astype(np.int64),
             engine_cpu=arrays["engine_cpu"].astype(np.bool_),
+            sweep_seconds=tuple(float(seconds) for seconds in header.get("sweep_seconds", [])),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadInput(f"{path}: {CAPTURE_FORMAT} field missing or malformed ({exc})") from exc
@@ -183,6 +192,8 @@ def _check_shapes(path: Path, capture: Exl3Capture) -> None:
     ]
     if len(capture.cpu_experts) != splits or len(capture.sweep_inline) != sweeps:
         problems.append("cpu_experts/sweep_inline lengths do not match split_layers/sweep_calls")
+    if capture.sweep_seconds and len(capture.sweep_seconds) != sweeps:
+        problems.append(f"{len(capture.sweep_seconds)} sweep times for {sweeps} sweeps")
     if capture.sweep_swaps.shape != (sweeps, splits) or capture.engine_cpu.shape != (splits, capture.experts):
         problems.append(f"sweep_swaps {capture.sweep_swaps.shape} / engine_cpu {capture.engine_cpu.shape}")
     if problems:
@@ -246,6 +257,7 @@ def compare_capture(capture: Exl3Capture) -> CaptureComparison:
     trigger_agrees = [(int(c), bool(i)) for c, i in predicted] == recorded
     swaps_agree = bool(np.array_equal(replay_swaps, capture.sweep_swaps))
     agreeing = sum(row.agree for row in rows)
+    timing = _swap_timing(capture)
     return CaptureComparison(
         calls=capture.calls,
         sweeps=len(recorded),
@@ -258,7 +270,23 @@ def compare_capture(capture: Exl3Capture) -> CaptureComparison:
         layers=rows,
         layers_agreeing=agreeing,
         agree=trigger_agrees and swaps_agree and agreeing == len(rows) and bool(rows),
+        sweep_seconds=sum(capture.sweep_seconds) if capture.sweep_seconds else None,
+        seconds_per_swap=timing[0] if timing else None,
+        seconds_per_sweep=timing[1] if timing else None,
     )
+
+
+def _swap_timing(capture: Exl3Capture) -> tuple[float, float] | None:
+    """(seconds per swap, seconds per sweep) fitted to the timed sweeps; None without two distinct swap counts."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    if not capture.sweep_seconds:
+        return None
+    swaps = capture.sweep_swaps.sum(axis=1).astype(np.float64)
+    if len(np.unique(swaps)) < 2:
+        return None
+    slope, intercept = np.polyfit(swaps, np.asarray(capture.sweep_seconds, dtype=np.float64), 1)
+    return float(slope), float(intercept)
 
 
 def decode_trace(capture: Exl3Capture) -> RoutingTrace:

@@ -32,6 +32,7 @@ import os
 import runpy
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ class RoutingRecorder:
         self.sweep_calls: list[int] = []
         self.sweep_inline: list[bool] = []
         self.sweep_swaps: list[dict[str, int]] = []
+        self.sweep_seconds: list[float] = []
         self.drained_after: list[int] = []
         self.settings: tuple[int, float, float, int] | None = None
 
@@ -100,14 +102,20 @@ class RoutingRecorder:
         # submit of a pass that has routed but is not yet counted; a drained sweep runs between passes
         inline = bool(registry) and registry[0]._swap_tick_count >= INLINE_SWEEP_INTERVALS * interval
         before = [module._split_map.clone() for module in registry]
+        if pending:
+            _synchronize()  # the sweep's own time: the queued forward work finished first
+        started = time.perf_counter()
         sweep(infer_params)
         if not pending:
             return
+        _synchronize()
+        seconds = time.perf_counter() - started
         with self.lock:
             self.registry = registry
             self.settings = settings
             self.sweep_calls.append(self.passes - 1 if inline else self.passes)
             self.sweep_inline.append(inline)
+            self.sweep_seconds.append(seconds)
             self.sweep_swaps.append(
                 {
                     module.key: int((module._split_map != old).sum().item()) // 2
@@ -164,6 +172,7 @@ class RoutingRecorder:
             engine_cpu=np.array(
                 [module._split_map.cpu().numpy() >= int(module.cpu_split_first) for module in split], dtype=np.bool_
             ).reshape(len(split), experts),
+            sweep_seconds=tuple(self.sweep_seconds),
         )
 
     def write(self) -> None:
@@ -172,6 +181,13 @@ class RoutingRecorder:
         if capture.split_layers:
             atomic_write_bytes(self.out / CAPTURE_NAME, save_capture(capture))
         write_trace(self.out / TRACE_NAME, decode_trace(capture))
+
+
+def _synchronize() -> None:
+    """Wait for the device's queued work, where the engine runs on CUDA (torch is already loaded by then)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _layer_number(key: str) -> int:

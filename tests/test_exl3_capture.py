@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
+from glm53.plan.engine_cost import SWAP_OVERHEAD_SECONDS
 from glm53.plan.exl3_capture import CapturedLayer, compare_capture, load_capture, save_capture
 from glm53.plan.policies import _sweep_points, sweep_triggers
 
@@ -24,7 +25,13 @@ CAPTURES = Path(__file__).parent / "fixtures" / "exl3-capture"
 
 @pytest.mark.parametrize(
     ("name", "paths"),
-    [("inline-sweeps", {True}), ("drained-sweeps", {False}), ("served-sweeps", {True, False})],
+    [
+        ("inline-sweeps", {True}),
+        ("drained-sweeps", {False}),
+        ("served-sweeps", {True, False}),
+        ("timed-sweeps", {True}),
+        ("timed-many-swaps", {True}),
+    ],
 )
 def test_the_replay_is_what_the_engine_did(name: str, paths: set[bool]) -> None:
     capture = load_capture(CAPTURES / f"{name}.npz")
@@ -88,6 +95,19 @@ def test_timed_sweeps_give_the_cost_of_a_swap_and_survive_a_save(tmp_path: Path)
     result = compare_capture(load_capture(path))
     assert result.agree and result.sweep_seconds == pytest.approx(sum(timed.sweep_seconds))
     assert result.seconds_per_swap == pytest.approx(0.0021) and result.seconds_per_sweep == pytest.approx(0.004)
+
+
+def test_a_swap_costs_what_the_cost_model_charges_for_its_overhead() -> None:
+    """Two runs with every sweep timed on the GPU (the fixture's experts are 39 KB, so what a swap costs there is
+    its overhead): the replay still equals the engine, and the fitted seconds per swap are the cost model's."""
+    swaps, seconds = [], []
+    for name in ("timed-sweeps", "timed-many-swaps"):
+        capture = load_capture(CAPTURES / f"{name}.npz")
+        assert compare_capture(capture).agree and len(capture.sweep_seconds) == len(capture.sweep_calls)
+        swaps += capture.sweep_swaps.sum(axis=1)[1:].tolist()  # the first sweep of a run warms up
+        seconds += list(capture.sweep_seconds[1:])
+    slope, _ = np.polyfit(swaps, seconds, 1)
+    assert slope == pytest.approx(SWAP_OVERHEAD_SECONDS, rel=0.05)
 
 
 def _rewritten(tmp_path: Path, header_change: dict[str, object], drop: str | None = None) -> Path:

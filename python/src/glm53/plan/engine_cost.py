@@ -48,6 +48,12 @@ if TYPE_CHECKING:
 
 MissPath = Literal["copy", "copy-overlap", "cpu", "cpu+pcie"]
 MISS_PATHS: tuple[MissPath, ...] = ("copy", "copy-overlap", "cpu", "cpu+pcie")
+# What one ExLlamaV3 1.4.6 swap costs beyond moving its bytes: the checkpoint reads of its projections' tensors,
+# the in-place copies into the GPU slot and the CPU worker's re-read of the demoted expert, each a Python call.
+# Measured on the GPU machine (an H200 host) with the EXL3 fixture, whose experts are 39 KB, so that bytes cost
+# nothing there: the slope of 34 timed sweeps' wall time over their swaps (tests/fixtures/exl3-capture, the two
+# timed captures; the first sweep of each run, a warm-up, left out).
+SWAP_OVERHEAD_SECONDS = 3.2e-3
 # The recipe's rig: 8-channel DDR4-3200 (204.8 GB/s raw), 120 GB/s effective (data/rigs/recipe-2x3090.json).
 RECIPE_HOST_BANDWIDTH = 120e9
 # GLM-5.3-Flash's embedding table: vocabulary 154,880 x hidden 4,096 at 2 bytes, read one row per token (the
@@ -165,12 +171,13 @@ def exl3_step_cost(
 ) -> StepCost:
     """ExLlamaV3's CPU split, as `exl3.predict` prices it (layer split, no tensor parallelism): the CPU worker
     computes the selections on CPU-resident experts while the GPU runs its own, and a layer waits for the
-    slower; a dynamic placement swap re-reads both experts from the checkpoint (page cache, at host memory
-    speed) and copies the promoted one to the GPU, between generations."""
+    slower; a dynamic placement swap pays its measured overhead (`SWAP_OVERHEAD_SECONDS`), re-reads both experts
+    from the checkpoint (page cache, at host memory speed) and copies the promoted one to the GPU."""
     gpu_rate = gpu_memory_bandwidth * GPU_KERNEL_EFFICIENCY
     weights = model.non_expert_replicated_bytes + model.non_expert_sharded_bytes - EMBEDDING_BYTES
     kv_read = len(model.dsa_layers) * context_tokens * model.index_head_dim * 2
     expert = model.expert_bytes
+    swap = SWAP_OVERHEAD_SECONDS + 2 * expert / host_memory_bandwidth + expert / host_to_device
     return StepCost(
         miss_path="cpu",
         layers=len(model.moe_layers),
@@ -181,11 +188,11 @@ def exl3_step_cost(
         pcie_rate=host_to_device,
         cpu_rate=host_memory_bandwidth * CPU_KERNEL_EFFICIENCY,
         handoff_seconds=CPU_HANDOFF_SECONDS,
-        swap_seconds=2 * expert / host_memory_bandwidth + expert / host_to_device,
+        swap_seconds=swap,
         assumptions=[
             f"GPU {gpu_memory_bandwidth / 1e9:.1f} GB/s x {GPU_KERNEL_EFFICIENCY}; CPU worker at "
-            f"{host_memory_bandwidth / 1e9:.0f} GB/s x {CPU_KERNEL_EFFICIENCY}; a swap "
-            f"{(2 * expert / host_memory_bandwidth + expert / host_to_device) * 1e3:.2f} ms"
+            f"{host_memory_bandwidth / 1e9:.0f} GB/s x {CPU_KERNEL_EFFICIENCY}; a swap {swap * 1e3:.2f} ms "
+            f"({SWAP_OVERHEAD_SECONDS * 1e3:.1f} ms measured overhead, two expert reads and a copy)"
         ],
     )
 
@@ -275,6 +282,7 @@ __all__ = [
     "MISS_PATHS",
     "PUBLISHED_DECODE",
     "PUBLISHED_RANGE",
+    "SWAP_OVERHEAD_SECONDS",
     "MissPath",
     "RecipeComparison",
     "RecipeComparisonRow",

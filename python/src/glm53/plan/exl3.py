@@ -313,6 +313,11 @@ def predict(
     )
 
 
+def _size(count: int) -> str:
+    """Bytes in GiB, or in MiB below one GiB (a small model's parts would all read 0.01 GiB)."""
+    return f"{count / GIB:.2f} GiB" if count >= GIB else f"{count / MIB:.1f} MiB"
+
+
 def _place(
     model: ModelFacts,
     gpus: Sequence[GpuSpec],
@@ -532,10 +537,10 @@ def plan_exl3(
         fixed = sum(layer_non_expert_bytes(model)) + cache_size * kv_token + state_seq * seqs + scratch
         raise Infeasible(
             f"even with every routed expert on the CPU, the non-expert weights "
-            f"({sum(layer_non_expert_bytes(model)) / GIB:.2f} GiB), "
-            f"the cache of {cache_size:,} tokens ({cache_size * kv_token / GIB:.2f} GiB), the recurrent state "
-            f"({state_seq * seqs / GIB:.2f} GiB) and a prompt chunk of {shape.chunk_size:,} tokens "
-            f"({scratch / GIB:.2f} GiB) need {fixed / GIB:.2f} GiB, more than the GPUs' {total_budget / GIB:.2f} GiB"
+            f"({_size(sum(layer_non_expert_bytes(model)))}), "
+            f"the cache of {cache_size:,} tokens ({_size(cache_size * kv_token)}), the recurrent state "
+            f"({_size(state_seq * seqs)}) and a prompt chunk of {shape.chunk_size:,} tokens "
+            f"({_size(scratch)}) need {_size(fixed)}, more than the GPUs' {_size(total_budget)}"
             + (" (a layer's parts do not split across GPUs)" if fixed <= total_budget else ""),
             constraint="gpu memory",
             fix="lower MAX_MODEL_LEN, MAX_NUM_SEQS or CHUNK_SIZE, use a quantized CACHE_MODE (Q8), or add a GPU",

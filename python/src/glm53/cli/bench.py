@@ -142,10 +142,12 @@ def _access_options(func: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["target"] = target.model_copy(update={"api_key": resolve_api_key(api_key, api_key_file)})
         return func(*args, out=Output(json_mode=json_out), **kwargs)
 
-    # Typer reads the signature: the command's own parameters (less `out`), then the shared options.
+    # Typer reads the signature: the command's own parameters (less `out`), then the shared options. These are
+    # the command's parameters from here out, so `inspect.unwrap` stops at this wrapper, not at `func`.
     own = [parameter for name, parameter in signature.parameters.items() if name != "out"]
     command.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
     command.__annotations__ = {parameter.name: parameter.annotation for parameter in [*own, *shared]}
+    del command.__wrapped__  # type: ignore[attr-defined]
     return command
 
 

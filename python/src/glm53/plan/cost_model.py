@@ -28,6 +28,15 @@ ASSUMED_HOST_TO_DEVICE = 24.0e9
 # RTX 3090 memory bandwidth (GDDR6X, 384-bit at 19.5 Gb/s).
 ASSUMED_GPU_MEMORY_BANDWIDTH = 936.2e9
 TP_ALLREDUCE_SECONDS = 2.5e-3  # per decode step with custom all-reduce off (no P2P on GeForce)
+# The EXL3 kernels' rates, shared by the ExLlamaV3 plan (glm53.plan.exl3) and the engines' step costs
+# (glm53.plan.engine_cost).
+# Effective rate of ExLlamaV3's CPU mul1 kernels over the expert bytes they read, as a share of the host's
+# memory bandwidth: trellis decoding is arithmetic-heavy, so they do not stream at the bus rate.
+CPU_KERNEL_EFFICIENCY = 0.5
+# Effective share of the GPU's memory bandwidth EXL3 decode kernels reach at batch size 1.
+GPU_KERNEL_EFFICIENCY = 0.6
+# Submitting a layer's job to the worker and collecting it (stream memops and a shared-memory ring): ~60 us.
+CPU_HANDOFF_SECONDS = 60e-6
 
 
 class Bandwidth(BaseModel):

@@ -34,10 +34,12 @@ from glm53.plan.checkpoint_facts import ModelFacts, load_architecture
 from glm53.plan.cost_model import (
     ASSUMED_GPU_MEMORY_BANDWIDTH,
     ASSUMED_HOST_TO_DEVICE,
+    CPU_HANDOFF_SECONDS,
+    CPU_KERNEL_EFFICIENCY,
+    GPU_KERNEL_EFFICIENCY,
     TP_ALLREDUCE_SECONDS,
     build_cost_model,
 )
-from glm53.plan.exl3 import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
 from glm53.plan.kv_budget import KvDerivation, derive_kv
 
 if TYPE_CHECKING:
@@ -197,6 +199,11 @@ def exl3_step_cost(
     )
 
 
+def default_exl3_cost(top_k: int) -> StepCost:
+    """ExLlamaV3 serving GLM-5.3's experts on the recipe's rig, for a trace of `top_k` selections a layer."""
+    return exl3_step_cost(load_architecture()).model_copy(update={"top_k": top_k})
+
+
 def engine_costs(experts: int, top_k: int, *, tensor_parallel_size: int = 2) -> dict[Engine, StepCost] | None:
     """Each engine's step cost on the recipe's rig, for a trace of `experts` experts and `top_k` selections a
     layer when it routes like the published architecture (None otherwise)."""
@@ -288,6 +295,7 @@ __all__ = [
     "RecipeComparisonRow",
     "StepCost",
     "compare_with_recipe",
+    "default_exl3_cost",
     "engine_costs",
     "exl3_step_cost",
     "recipe_step_cost",

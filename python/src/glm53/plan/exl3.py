@@ -48,6 +48,7 @@ from glm53.host import facts as host_facts
 from glm53.host.memory import HostMemory
 from glm53.host.rig import rig_topology
 from glm53.plan.checkpoint_facts import ModelFacts, model_facts
+from glm53.plan.cost_model import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
 from glm53.plan.cpu_pools import plan_cpu_sets
 from glm53.plan.planner import GpuSpec, Infeasible, gpu_spec, host_budget
 from glm53.plan.policies import exl3_dynamic
@@ -75,13 +76,6 @@ HEADROOM_BYTES = 256 * MIB
 WORKER_OVERHEAD_BYTES = 2 * GIB
 # TabbyAPI's process: torch, CUDA host allocations, the tokenizer, the server (about 3-4 GiB resident).
 SERVER_OVERHEAD_BYTES = 4 * GIB
-# Effective rate of ExLlamaV3's CPU mul1 kernels over the expert bytes they read, as a share of the host's
-# memory bandwidth: trellis decoding is arithmetic-heavy, so they do not stream at the bus rate.
-CPU_KERNEL_EFFICIENCY = 0.5
-# Effective share of the GPU's memory bandwidth EXL3 decode kernels reach at batch size 1.
-GPU_KERNEL_EFFICIENCY = 0.6
-# Submitting a layer's job to the worker and collecting it (stream memops and a shared-memory ring): ~60 us.
-CPU_HANDOFF_SECONDS = 60e-6
 # Assumed host memory bandwidth when none is given: dual-channel DDR5 or quad-channel DDR4, effective.
 ASSUMED_HOST_MEMORY_BANDWIDTH = 60e9
 CACHE_PAGE = 256  # TabbyAPI: cache_size is a multiple of 256 tokens

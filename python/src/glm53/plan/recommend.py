@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from glm53.plan.engine_cost import StepCost, default_exl3_cost
 from glm53.plan.miss_ratio import rank_experts
 from glm53.plan.parallel import default_workers, layer_map
 from glm53.plan.policies import (
@@ -54,8 +55,6 @@ from glm53.plan.traces import RoutingTrace
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
-
-    from glm53.plan.engine_cost import StepCost
 
 Engine = Literal["vllm", "exllamav3", "proposed"]
 Family = Literal["pinned-lru", "exl3-static", "exl3-dynamic", "decayed-frequency", "adaptive-frequency"]
@@ -351,14 +350,6 @@ def choose(gains: list[list[float]]) -> int:
     return max(eligible, key=lambda i: means[i])
 
 
-def default_exl3_cost(top_k: int) -> StepCost:
-    """ExLlamaV3 serving GLM-5.3's experts on the recipe's rig, for a trace of `top_k` selections a layer."""
-    from glm53.plan.checkpoint_facts import load_architecture  # the plan's cost modules import this one
-    from glm53.plan.engine_cost import exl3_step_cost
-
-    return exl3_step_cost(load_architecture()).model_copy(update={"top_k": top_k})
-
-
 def warmed(trace: RoutingTrace, learn_steps: int, steps: int = WARM_UP_STEPS) -> RoutingTrace:
     """The trace after its own learning part repeated to at least `steps` steps: a placement that moves only at
     sweeps (ExLlamaV3's, every 512 steps at the slowest candidate) is then scored where it has settled, as it
@@ -491,7 +482,6 @@ __all__ = [
     "ScenarioScore",
     "candidates",
     "choose",
-    "default_exl3_cost",
     "layer_sample",
     "learned_counts",
     "pinned_family",

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.engine_cost import StepCost, engine_costs
+from glm53.plan.engine_cost import StepCost, default_exl3_cost, engine_costs
 from glm53.plan.policies import StepHits
 from glm53.plan.recommend import (
     EXL3_DEFAULT,
@@ -28,7 +28,6 @@ from glm53.plan.recommend import (
     RECIPE,
     Candidate,
     Engine,
-    default_exl3_cost,
     pinned_family,
     recommend,
     replay,

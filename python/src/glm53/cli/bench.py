@@ -125,7 +125,10 @@ def settings_options(settings: type[BenchSettings], command: str) -> Callable[[C
 
 def _access_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options every measuring command ends with, --api-key, --api-key-file and --json: the command gets
-    the Target with its key resolved (flag, file or environment) and `out`, the Output in the chosen mode."""
+    the Target with its key resolved (flag, file or environment) and `out`, the Output in the chosen mode.
+    A command that has them already is returned as it is."""
+    if getattr(func, "shares_access_options", False):
+        return func
     signature = inspect.signature(func, eval_str=True)
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
@@ -148,6 +151,7 @@ def _access_options(func: Callable[..., Any]) -> Callable[..., Any]:
     command.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
     command.__annotations__ = {parameter.name: parameter.annotation for parameter in [*own, *shared]}
     del command.__wrapped__  # type: ignore[attr-defined]
+    command.shares_access_options = True  # type: ignore[attr-defined]
     return command
 
 

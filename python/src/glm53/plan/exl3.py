@@ -672,13 +672,13 @@ def compare_placements(trace: RoutingTrace, k: int, learn_fraction: float = 0.5)
     winner: Literal["static", "dynamic"] = "static" if static_share < dynamic_share - 0.005 else "dynamic"
     if winner == "static":
         verdict = (
-            f"static placement puts {static_share:.1%} of selections on the CPU against dynamic's "
-            f"{dynamic_share:.1%}: write the stats file and set EXL3_MOE_CPU_SWAP=0"
+            f"static placement puts {static_share:.1%} of selections on the CPU against the default dynamic "
+            f"split's {dynamic_share:.1%} on this trace; the recommended setting also weighs drift and pays swaps"
         )
     else:
         verdict = (
-            f"dynamic placement ({dynamic_share:.1%} on the CPU) is within half a point of static "
-            f"({static_share:.1%}) or better: keep EXL3_MOE_CPU_SWAP=1, which follows popularity as it drifts"
+            f"dynamic placement ({dynamic_share:.1%} on the CPU at its defaults) is within half a point of static "
+            f"({static_share:.1%}) or better on this trace: it follows popularity as it drifts"
         )
     return PlacementComparison(
         split_experts=k,

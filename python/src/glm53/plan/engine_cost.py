@@ -111,6 +111,11 @@ class StepCost(BaseModel):
         seconds = len(hits) * self.fixed_seconds + moe / layer_share
         return len(hits) / seconds
 
+    def layer_share(self, replayed: int, of: int) -> float:
+        """The share of the model's MoE layers that `replayed` of a trace's `of` layers stand for (a trace of
+        fewer layers than the model stands for all of them)."""
+        return replayed / max(of, self.layers)
+
     def at_hit_rate(self, hit_rate: float) -> float:
         """Tokens/s when every layer of every step hits `hit_rate` of its experts (no bunching)."""
         import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
@@ -170,11 +175,13 @@ def exl3_step_cost(
     gpu_memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH,
     host_memory_bandwidth: float = RECIPE_HOST_BANDWIDTH,
     host_to_device: float = ASSUMED_HOST_TO_DEVICE,
+    top_k: int | None = None,
 ) -> StepCost:
     """ExLlamaV3's CPU split, as `exl3.predict` prices it (layer split, no tensor parallelism): the CPU worker
     computes the selections on CPU-resident experts while the GPU runs its own, and a layer waits for the
     slower; a dynamic placement swap pays its measured overhead (`SWAP_OVERHEAD_SECONDS`), re-reads both experts
-    from the checkpoint (page cache, at host memory speed) and copies the promoted one to the GPU."""
+    from the checkpoint (page cache, at host memory speed) and copies the promoted one to the GPU. `top_k`: the
+    selections a layer of the trace priced makes (default: the model's)."""
     gpu_rate = gpu_memory_bandwidth * GPU_KERNEL_EFFICIENCY
     weights = model.non_expert_replicated_bytes + model.non_expert_sharded_bytes - EMBEDDING_BYTES
     kv_read = len(model.dsa_layers) * context_tokens * model.index_head_dim * 2
@@ -183,7 +190,7 @@ def exl3_step_cost(
     return StepCost(
         miss_path="cpu",
         layers=len(model.moe_layers),
-        top_k=model.num_experts_per_tok,
+        top_k=model.num_experts_per_tok if top_k is None else top_k,
         shard_bytes=expert,
         fixed_seconds=(weights + kv_read) / gpu_rate,
         gpu_expert_rate=gpu_rate,
@@ -201,7 +208,7 @@ def exl3_step_cost(
 
 def default_exl3_cost(top_k: int) -> StepCost:
     """ExLlamaV3 serving GLM-5.3's experts on the recipe's rig, for a trace of `top_k` selections a layer."""
-    return exl3_step_cost(load_architecture()).model_copy(update={"top_k": top_k})
+    return exl3_step_cost(load_architecture(), top_k=top_k)
 
 
 def engine_costs(experts: int, top_k: int, *, tensor_parallel_size: int = 2) -> dict[Engine, StepCost] | None:

@@ -55,9 +55,7 @@ def finish_exl3_plan(
             engines=("exllamav3",),
             learn_steps=round(stats.steps * learn_fraction),
             # priced on this plan's model and host memory (the rig's, the flag's, or the stated assumption)
-            exl3_cost=exl3_step_cost(model, host_memory_bandwidth=plan.shape.host_memory_bandwidth).model_copy(
-                update={"top_k": stats.top_k}
-            ),
+            exl3_cost=exl3_step_cost(model, host_memory_bandwidth=plan.shape.host_memory_bandwidth, top_k=stats.top_k),
         )
     plan = plan.model_copy(update=updates)
     if out_dir is None:

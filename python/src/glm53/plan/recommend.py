@@ -412,7 +412,8 @@ def recommend(
             scenario = warmed(scenario, cut) if engine == "exllamav3" else scenario
             cost = exl3_cost if engine == "exllamav3" else None
             # The replayed layers stand for the model's: their share of its swap cap and of its decode time.
-            share = len(picked) / max(len(trace.layers), cost.layers if cost is not None else 0)
+            replayed, of = len(picked), len(trace.layers)
+            share = cost.layer_share(replayed, of) if cost is not None else replayed / of
             start = scenario.steps - held_out
             tasks.append(_ScenarioTask(engine, name, pool, scenario, slots, start, share, accesses, cost, generation))
     work = sample.steps * len(picked) * len(tasks)

@@ -112,8 +112,7 @@ def evaluate_trace(
     learn = trace.slice(0, learn_steps)
     held_out = (trace.steps - learn_steps) * len(trace.layers) * trace.top_k
     # The trace's layers stand for GLM-5.3's MoE layers: their share of ExLlamaV3's swap cap (as `recommend`).
-    moe_layers = default_exl3_cost(trace.top_k).layers
-    layer_share = len(trace.layers) / max(len(trace.layers), moe_layers)
+    layer_share = default_exl3_cost(trace.top_k).layer_share(len(trace.layers), len(trace.layers))
     rows = []
     for fraction in fractions:
         slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
@@ -140,7 +139,7 @@ def evaluate_trace(
                     cost.tokens_per_s(
                         hits.hits[learn_steps:],
                         hits.swaps_between(learn_steps),
-                        layer_share=len(trace.layers) / max(len(trace.layers), cost.layers),
+                        layer_share=cost.layer_share(len(trace.layers), len(trace.layers)),
                     )
                     if cost is not None
                     else None
@@ -188,7 +187,7 @@ def lru_through_swaps(lru: StepHits, learn_steps: int, cost: StepCost, hit_rate:
         engine="exllamav3",
         label=LRU_THROUGH_SWAPS,
         hit_rate=hit_rate,
-        tokens_per_s=cost.tokens_per_s(held, misses, layer_share=layers / max(layers, cost.layers)),
+        tokens_per_s=cost.tokens_per_s(held, misses, layer_share=cost.layer_share(layers, layers)),
     )
 
 

@@ -109,6 +109,23 @@ def test_dynamic_split_matches_the_engines_rule(
     )
     assert np.array_equal(got.hits, expected)
     assert got.swaps_between(0) == swaps > 0
+    assert got.sweep_steps is not None and got.sweeps_between(0) == len(got.sweep_steps)
+
+
+def test_a_sweep_gives_each_split_layer_a_turn_until_the_swap_cap_is_spent() -> None:
+    """`run_pending_swap_sweeps` stops at the layer that spends the cap: the later layers get no turn, which is
+    what a sweep's cost counts (`StepCost.turn_seconds`); a layer without a split never has one."""
+    trace = synthesize_trace(SMALL)
+    split = [30, 0, 30]
+    free = exl3_dynamic(trace.routes, 40, split, interval=4, hysteresis=1.0, floor=0.0, max_swaps=10_000)
+    assert free.turns is not None and set(free.turns.tolist()) == {2}
+    assert free.turns_between(0) == 2 * free.sweeps_between(0)
+    capped = exl3_dynamic(trace.routes, 40, split, interval=4, hysteresis=1.0, floor=0.0, max_swaps=1)
+    assert capped.turns is not None and capped.swaps is not None
+    assert np.all(capped.turns[capped.swaps == 1] == 1)  # the first layer spent the cap: the second had no turn
+    # from a step on: only the sweeps after it
+    middle = int(capped.sweep_steps[len(capped.sweep_steps) // 2]) if capped.sweep_steps is not None else 0
+    assert capped.sweeps_between(middle) == int((capped.sweep_steps >= middle).sum())
 
 
 def test_sweep_points() -> None:

@@ -13,6 +13,7 @@ from glm53.errors import BadInput
 from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_DECODE, engine_costs, exl3_step_cost, recipe_step_cost
 from glm53.plan.kv_budget import derive_kv
+from glm53.plan.policies import StepHits
 from glm53.plan.recommend import LRU, SERVED_GENERATION, TOLERANCE, candidates, recommend, replay
 from glm53.plan.targets import (
     LRU_THROUGH_SWAPS,
@@ -237,6 +238,27 @@ def test_engine_cost_against_the_published_decode() -> None:
     exl3 = exl3_step_cost(model)
     hits = np.full((4, 42), 8)
     assert exl3.tokens_per_s(hits, swaps=4) < exl3.tokens_per_s(hits)
+
+
+def test_a_sweep_is_paid_even_without_swaps() -> None:
+    """ExLlamaV3's sweep walks every split layer's experts (about 1.3 ms a layer of GLM-5.3's 288, by the fit
+    to the engine's sweeps timed on the GPU machine): a replay's sweeps, turns and swaps from a step on are what
+    its decode rate pays."""
+    model = load_architecture()
+    cost = exl3_step_cost(model)
+    assert cost.turn_seconds == pytest.approx(56e-6 + 4.2e-6 * model.n_routed_experts)
+    hits = np.full((64, 42), 5, dtype=np.int16)
+    bare = cost.tokens_per_s(hits)
+    swept = cost.tokens_per_s(hits, turns=42, sweeps=1)
+    assert 1 / swept - 1 / bare == pytest.approx((cost.sweep_seconds + 42 * cost.turn_seconds) / 64)
+    replayed = StepHits(
+        hits,
+        sweep_steps=np.array([10, 40], dtype=np.int64),
+        swaps=np.array([3, 1], dtype=np.int64),
+        turns=np.array([42, 20], dtype=np.int64),
+    )
+    assert cost.replay_tokens_per_s(replayed, 20) == pytest.approx(cost.tokens_per_s(hits[20:], 1, turns=20, sweeps=1))
+    assert cost.replay_tokens_per_s(replayed) == pytest.approx(cost.tokens_per_s(hits, 4, turns=62, sweeps=2))
 
 
 def test_a_sample_of_layers_is_priced_for_the_whole_model() -> None:

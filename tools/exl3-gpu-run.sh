@@ -3,7 +3,7 @@
 # fixture, diagnose the CPU worker, compare GPU-only with CPU offload, then `glm53 serve` it through TabbyAPI
 # and measure it with `glm53 bench run`. Each stage writes its log and results under OUT.
 #
-#   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build fixture diag check serve routing
+#   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build fixture diag check serve routing sweep-cost
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
@@ -14,6 +14,8 @@
 # compares the placement its dynamic split reaches with glm53's replay of the same rule (OUT/routing/compare.json);
 # ROUTING_ARGS passes options to tools/exl3-routing-capture.py. CAPTURE=1 makes stage serve record the routing
 # while TabbyAPI serves (`glm53 serve --capture-routing OUT/capture`) and compare it with glm53's replay.
+# Stage sweep-cost times the engine's own sweep over 1 to 42 layers of 16 to 256 experts (OUT/sweep-cost.json);
+# it needs only setup and build.
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -118,6 +120,11 @@ print(compare_capture(load_capture(Path(sys.argv[1]))).model_dump_json(exclude={
         --out "$out/routing/simulate.json" --force >"$out/routing/simulate.txt" 2>&1; echo "simulate rc=$?"
       tail -25 "$out/routing/simulate.txt"
     fi
+    ;;
+  sweep-cost)
+    stamp sweep-cost
+    timeout 300 python3 "$root/tools/exl3-sweep-cost.py" --out "$out/sweep-cost.json" ${SWEEP_ARGS:-} 2>&1 | tail -20
+    echo "sweep-cost rc=${PIPESTATUS[0]}"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

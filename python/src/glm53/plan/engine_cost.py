@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
+    from glm53.plan.policies import StepHits
     from glm53.plan.recommend import Engine
 
 MissPath = Literal["copy", "copy-overlap", "cpu", "cpu+pcie"]
@@ -56,6 +57,15 @@ MISS_PATHS: tuple[MissPath, ...] = ("copy", "copy-overlap", "cpu", "cpu+pcie")
 # nothing there: the slope of 34 timed sweeps' wall time over their swaps (tests/fixtures/exl3-capture, the two
 # timed captures; the first sweep of each run, a warm-up, left out).
 SWAP_OVERHEAD_SECONDS = 3.2e-3
+# What a sweep costs before any swap (`run_pending_swap_sweeps`: every device synchronized, then each split layer's
+# turn copies its map and counts to the host, walks every expert in Python and halves the counts): 11 us, plus
+# 56 us and 4.2 us an expert per layer turn. Fitted to the engine's own two functions timed on the GPU machine
+# over 1, 5 and 42 layers of 16, 64 and 256 experts, within 9% of every median (tools/exl3-sweep-cost.py: 47 ms
+# a sweep of 42 layers of 256; 53 ms by the fit at GLM-5.3's 288); the EXL3 fixture's own sweeps without swaps,
+# timed while it generated, took 0.55-1.27 ms for 5 layers of 16 (0.62 ms by the fit).
+SWEEP_SECONDS = 11e-6
+SWEEP_TURN_SECONDS = 56e-6
+SWEEP_TURN_EXPERT_SECONDS = 4.2e-6
 # The recipe's rig: 8-channel DDR4-3200 (204.8 GB/s raw), 120 GB/s effective (data/rigs/recipe-2x3090.json).
 RECIPE_HOST_BANDWIDTH = 120e9
 # GLM-5.3-Flash's embedding table: vocabulary 154,880 x hidden 4,096 at 2 bytes, read one row per token (the
@@ -79,7 +89,11 @@ class StepCost(BaseModel):
     cpu_rate: float  # bytes/s one rank's CPU pool computes experts at
     handoff_seconds: float
     assumptions: list[str]
-    swap_seconds: float = 0.0  # ExLlamaV3's dynamic split: one swap re-reads two experts and copies one
+    # ExLlamaV3's dynamic split: one swap re-reads two experts and copies one; a sweep synchronizes the devices
+    # and gives each split layer a turn.
+    swap_seconds: float = 0.0
+    sweep_seconds: float = 0.0
+    turn_seconds: float = 0.0
 
     def layer_seconds(self, hits: NDArray[np.integer]) -> NDArray[np.float64]:
         """Seconds of each (step, layer) MoE part for its hit count."""
@@ -104,12 +118,31 @@ class StepCost(BaseModel):
         result: NDArray[np.float64] = self.fixed_seconds + self.layer_seconds(hits).sum(axis=1)
         return result
 
-    def tokens_per_s(self, hits: NDArray[np.integer], swaps: int = 0, *, layer_share: float = 1.0) -> float:
-        """Decode rate over the steps of `hits`, with `swaps` placement swaps paid among them. `layer_share`:
-        the share of the model's MoE layers that `hits` (and the swaps) hold, a sample standing for them all."""
-        moe = float(self.layer_seconds(hits).sum()) + swaps * self.swap_seconds
-        seconds = len(hits) * self.fixed_seconds + moe / layer_share
+    def tokens_per_s(
+        self,
+        hits: NDArray[np.integer],
+        swaps: int = 0,
+        *,
+        turns: int = 0,
+        sweeps: int = 0,
+        layer_share: float = 1.0,
+    ) -> float:
+        """Decode rate over the steps of `hits`, with `sweeps` placement sweeps paid among them, `turns` layer
+        turns and `swaps` swaps in those sweeps. `layer_share`: the share of the model's MoE layers that `hits`
+        (and the turns and swaps) hold, a sample standing for them all."""
+        moe = float(self.layer_seconds(hits).sum()) + swaps * self.swap_seconds + turns * self.turn_seconds
+        seconds = len(hits) * self.fixed_seconds + sweeps * self.sweep_seconds + moe / layer_share
         return len(hits) / seconds
+
+    def replay_tokens_per_s(self, replayed: StepHits, start: int = 0, *, layer_share: float = 1.0) -> float:
+        """`tokens_per_s` of a replay from step `start` on, with the sweeps it made there."""
+        return self.tokens_per_s(
+            replayed.hits[start:],
+            replayed.swaps_between(start),
+            turns=replayed.turns_between(start),
+            sweeps=replayed.sweeps_between(start),
+            layer_share=layer_share,
+        )
 
     def layer_share(self, replayed: int, of: int) -> float:
         """The share of the model's MoE layers that `replayed` of a trace's `of` layers stand for (a trace of
@@ -180,13 +213,15 @@ def exl3_step_cost(
     """ExLlamaV3's CPU split, as `exl3.predict` prices it (layer split, no tensor parallelism): the CPU worker
     computes the selections on CPU-resident experts while the GPU runs its own, and a layer waits for the
     slower; a dynamic placement swap pays its measured overhead (`SWAP_OVERHEAD_SECONDS`), re-reads both experts
-    from the checkpoint (page cache, at host memory speed) and copies the promoted one to the GPU. `top_k`: the
-    selections a layer of the trace priced makes (default: the model's)."""
+    from the checkpoint (page cache, at host memory speed) and copies the promoted one to the GPU, and a sweep
+    pays its own measured cost (`SWEEP_*`) at the model's expert count. `top_k`: the selections a layer of the
+    trace priced makes (default: the model's)."""
     gpu_rate = gpu_memory_bandwidth * GPU_KERNEL_EFFICIENCY
     weights = model.non_expert_replicated_bytes + model.non_expert_sharded_bytes - EMBEDDING_BYTES
     kv_read = len(model.dsa_layers) * context_tokens * model.index_head_dim * 2
     expert = model.expert_bytes
     swap = SWAP_OVERHEAD_SECONDS + 2 * expert / host_memory_bandwidth + expert / host_to_device
+    turn = SWEEP_TURN_SECONDS + SWEEP_TURN_EXPERT_SECONDS * model.n_routed_experts
     return StepCost(
         miss_path="cpu",
         layers=len(model.moe_layers),
@@ -198,10 +233,13 @@ def exl3_step_cost(
         cpu_rate=host_memory_bandwidth * CPU_KERNEL_EFFICIENCY,
         handoff_seconds=CPU_HANDOFF_SECONDS,
         swap_seconds=swap,
+        sweep_seconds=SWEEP_SECONDS,
+        turn_seconds=turn,
         assumptions=[
             f"GPU {gpu_memory_bandwidth / 1e9:.1f} GB/s x {GPU_KERNEL_EFFICIENCY}; CPU worker at "
             f"{host_memory_bandwidth / 1e9:.0f} GB/s x {CPU_KERNEL_EFFICIENCY}; a swap {swap * 1e3:.2f} ms "
-            f"({SWAP_OVERHEAD_SECONDS * 1e3:.1f} ms measured overhead, two expert reads and a copy)"
+            f"({SWAP_OVERHEAD_SECONDS * 1e3:.1f} ms measured overhead, two expert reads and a copy); a sweep "
+            f"{turn * 1e3:.2f} ms a split layer's turn ({model.n_routed_experts} experts, measured)"
         ],
     )
 
@@ -297,6 +335,9 @@ __all__ = [
     "PUBLISHED_DECODE",
     "PUBLISHED_RANGE",
     "SWAP_OVERHEAD_SECONDS",
+    "SWEEP_SECONDS",
+    "SWEEP_TURN_EXPERT_SECONDS",
+    "SWEEP_TURN_SECONDS",
     "MissPath",
     "RecipeComparison",
     "RecipeComparisonRow",

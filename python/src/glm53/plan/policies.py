@@ -42,13 +42,14 @@ INLINE_SWEEP_INTERVALS = 4
 @dataclass(frozen=True)
 class StepHits:
     """hits[step, layer]: selections served from the GPU; `swaps[i]` swaps made at the sweep after step
-    `sweep_steps[i]` (ExLlamaV3's dynamic placement only)."""
+    `sweep_steps[i]`, `turns[i]` the split layers that took a turn in it (ExLlamaV3's dynamic placement only)."""
 
     hits: NDArray[np.int16]
     sweep_steps: NDArray[np.int64] | None = None  # None: no sweeps
     swaps: NDArray[np.int64] | None = None
     # ExLlamaV3's split: cpu[layer, expert] after the last step (the placement the engine would hold).
     final_cpu: NDArray[np.bool_] | None = None
+    turns: NDArray[np.int64] | None = None
 
     def total(self, start: int = 0, stop: int | None = None) -> int:
         import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
@@ -56,10 +57,21 @@ class StepHits:
         return int(self.hits[start:stop].sum(dtype=np.int64))
 
     def swaps_between(self, start: int, stop: int | None = None) -> int:
-        if self.swaps is None or self.sweep_steps is None:
+        return self._sweep_sum(self.swaps, start, stop) if self.swaps is not None else 0
+
+    def turns_between(self, start: int, stop: int | None = None) -> int:
+        return self._sweep_sum(self.turns, start, stop) if self.turns is not None else 0
+
+    def sweeps_between(self, start: int, stop: int | None = None) -> int:
+        return self._sweep_sum(None, start, stop)
+
+    def _sweep_sum(self, per_sweep: NDArray[np.int64] | None, start: int, stop: int | None) -> int:
+        """The sum of `per_sweep` (None: the count) over the sweeps after steps start .. stop - 1."""
+        if self.sweep_steps is None:
             return 0
         end = len(self.hits) if stop is None else stop
-        return int(self.swaps[(self.sweep_steps >= start) & (self.sweep_steps < end)].sum())
+        within = (self.sweep_steps >= start) & (self.sweep_steps < end)
+        return int(within.sum() if per_sweep is None else per_sweep[within].sum())
 
 
 def pinned_lru_masks(
@@ -255,6 +267,7 @@ def exl3_dynamic(
     hits = np.zeros((steps, layers), dtype=np.int16)
     sweep_steps: list[int] = []
     swap_counts: list[int] = []
+    turn_counts: list[int] = []
     split_layers = [index for index in range(layers) if 0 < split[index] < experts]
     position = 0
     points = _sweep_points(steps, interval, generation) if sweeps is None else [(int(p), False) for p in sweeps]
@@ -267,16 +280,24 @@ def exl3_dynamic(
         if point >= steps:
             break
         budget = max_swaps
-        made = 0
+        made = turns = 0
         for index in split_layers:
             if budget <= 0:
                 break  # this layer and the rest keep their counts (no turn, no decay)
             swapped = sweep_layer(hist[index], cpu[index], hysteresis=hysteresis, floor=floor, budget=budget)
             budget -= swapped
             made += swapped
+            turns += 1
         sweep_steps.append(point)
         swap_counts.append(made)
-    return StepHits(hits, np.array(sweep_steps, dtype=np.int64), np.array(swap_counts, dtype=np.int64), cpu)
+        turn_counts.append(turns)
+    return StepHits(
+        hits,
+        np.array(sweep_steps, dtype=np.int64),
+        np.array(swap_counts, dtype=np.int64),
+        cpu,
+        np.array(turn_counts, dtype=np.int64),
+    )
 
 
 def decayed_frequency(

@@ -315,7 +315,7 @@ def _score_scenario(task: _ScenarioTask) -> tuple[_Rate, dict[Candidate, _Rate]]
     def rate(hits: StepHits) -> _Rate:
         priced = None
         if task.cost is not None:
-            priced = task.cost.tokens_per_s(hits.hits[start:], hits.swaps_between(start), layer_share=share)
+            priced = task.cost.replay_tokens_per_s(hits, start, layer_share=share)
         return _Rate(hits.total(start) / task.accesses, priced)
 
     pool = task.pool

@@ -136,10 +136,8 @@ def evaluate_trace(
                 label=label or candidate.label,
                 hit_rate=hits.total(learn_steps) / held_out,
                 tokens_per_s=(
-                    cost.tokens_per_s(
-                        hits.hits[learn_steps:],
-                        hits.swaps_between(learn_steps),
-                        layer_share=cost.layer_share(len(trace.layers), len(trace.layers)),
+                    cost.replay_tokens_per_s(
+                        hits, learn_steps, layer_share=cost.layer_share(len(trace.layers), len(trace.layers))
                     )
                     if cost is not None
                     else None
@@ -176,18 +174,20 @@ LRU_THROUGH_SWAPS = "plain LRU by ExLlamaV3's swaps (every miss promoted)"
 
 def lru_through_swaps(lru: StepHits, learn_steps: int, cost: StepCost, hit_rate: float) -> PolicyRate:
     """Plain LRU as ExLlamaV3 1.4.6 would have to run it: every miss promoted to the GPU by a swap (two expert
-    reads from the checkpoint and a copy, `StepCost.swap_seconds`), where its own miss path computes the expert
-    on the CPU in less time than that swap takes."""
+    reads from the checkpoint and a copy, `StepCost.swap_seconds`) at a sweep after every step, every layer
+    taking its turn, where its own miss path computes the expert on the CPU in less time than that swap takes."""
     import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 
     held = lru.hits[learn_steps:]
-    layers = held.shape[1]
+    steps, layers = held.shape
     misses = int(cost.top_k * held.size - held.sum(dtype=np.int64))
     return PolicyRate(
         engine="exllamav3",
         label=LRU_THROUGH_SWAPS,
         hit_rate=hit_rate,
-        tokens_per_s=cost.tokens_per_s(held, misses, layer_share=cost.layer_share(layers, layers)),
+        tokens_per_s=cost.tokens_per_s(
+            held, misses, turns=steps * layers, sweeps=steps, layer_share=cost.layer_share(layers, layers)
+        ),
     )
 
 

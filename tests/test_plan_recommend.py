@@ -14,7 +14,18 @@ from glm53.plan.checkpoint_facts import load_architecture
 from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_DECODE, engine_costs, exl3_step_cost, recipe_step_cost
 from glm53.plan.kv_budget import derive_kv
 from glm53.plan.policies import StepHits
-from glm53.plan.recommend import LRU, SERVED_GENERATION, TOLERANCE, candidates, recommend, replay
+from glm53.plan.recommend import (
+    EXL3_DEFAULT,
+    LRU,
+    SCORED_STEPS,
+    SERVED_GENERATION,
+    TOLERANCE,
+    as_fast,
+    candidates,
+    lengthened,
+    recommend,
+    replay,
+)
 from glm53.plan.targets import (
     LRU_THROUGH_SWAPS,
     SAME_LEARNING_PART,
@@ -72,6 +83,33 @@ def test_recommendation_never_loses_to_lru_on_its_scenarios() -> None:
         "EXL3_MOE_CPU_SWAP_FLOOR",
         "EXL3_MOE_CPU_SWAP_MAX",
     }
+
+
+def test_exllamav3_is_never_recommended_slower_than_its_defaults() -> None:
+    """Its choice decodes at least as fast as the stock engine on every scenario, each scored over two served
+    requests after the learning part (the part repeated where it is shorter): ExLlamaV3 sweeps when a request
+    ends, which a shorter window would never show."""
+    trace = make_shape("rotation", seed=0, steps=1200, layers=range(3, 7))
+    result = recommend(trace, 0.17, engines=("vllm", "exllamav3"))
+    exl3 = result.engine("exllamav3")
+    assert exl3.scored_steps >= SCORED_STEPS > result.engine("vllm").scored_steps == trace.steps // 2
+    assert EXL3_DEFAULT in candidates("exllamav3") and len(exl3.stock_scores) == len(exl3.scores) == 5
+    for row, stock in zip(exl3.scores, exl3.stock_scores, strict=True):
+        assert row.scenario == stock.scenario and row.lru_tokens_per_s == stock.lru_tokens_per_s
+        assert row.tokens_per_s is not None and stock.tokens_per_s is not None
+        assert row.tokens_per_s >= stock.tokens_per_s * (1 - TOLERANCE)
+    assert as_fast(exl3.scores, exl3.stock_scores) and not as_fast(
+        exl3.scores, [row.model_copy(update={"tokens_per_s": 2 * (row.tokens_per_s or 0)}) for row in exl3.scores]
+    )
+
+
+def test_a_trace_is_lengthened_by_repeating_its_scored_part() -> None:
+    trace = make_shape("stationary", seed=0, steps=100, layers=range(3, 5))
+    longer = lengthened(trace, 60, 100)
+    assert longer.steps == 60 + 3 * 40
+    assert np.array_equal(longer.routes[:100], trace.routes)
+    assert np.array_equal(longer.routes[100:140], trace.routes[60:])
+    assert lengthened(trace, 60, 40) is trace
 
 
 def test_targets_small() -> None:

@@ -71,9 +71,11 @@ def finish_exl3_plan(
             chosen = plan.recommendation.engine("exllamav3")
             for key, value in chosen.choice.env(str(stats_path)).items():
                 env[key] = value
+                over_stock = chosen.worst_over_stock
+                stock = f", {over_stock:+.2%} vs its defaults" if over_stock is not None else ""
                 origins[key] = (
                     f"recommended: {chosen.label} (worst stress scenario: {chosen.measure} "
-                    f"{chosen.worst_gain:+.2%} vs plain LRU)"
+                    f"{chosen.worst_gain:+.2%} vs plain LRU{stock})"
                 )
         plan = plan.model_copy(update={"env": env, "origins": origins, "split_stats_file": str(stats_path)})
     require_finite(plan.model_dump(mode="json"), what="the plan")

@@ -15,14 +15,18 @@ Candidates, each replayed by `policies` at the same GPU budget (a share of every
 
 Each candidate is scored on every scenario by its hit rate minus plain LRU's there (the baseline that cannot
 be misled by a ranking). ExLlamaV3's are scored by decode rate instead (`engine_cost.exl3_step_cost`: a
-selection on a CPU-resident expert waits for the CPU worker, and every swap of a sweep is paid), relative to
+selection on a CPU-resident expert waits for the CPU worker, and every sweep and swap is paid), relative to
 plain LRU's priced alike, with its queue draining when a generation of `SERVED_GENERATION` tokens ends: its
-sweeps trade hits against swaps, which points alone would not charge.
+sweeps trade hits against swaps, which points alone would not charge. Its scenarios are scored over at least
+`SCORED_STEPS` (two requests; the part after the learning part repeated where it is shorter), since it sweeps
+when a request ends.
 
 The choice is robust first (`choose`): among the candidates whose worst scenario is within `TOLERANCE` of
 the best worst case, the one with the best mean; where no candidate comes within a quarter point of LRU on
 every scenario (ExLlamaV3's), the least maximum regret. Plain LRU is a vllm candidate, so the recipe's engine
-is never recommended anything that loses to LRU on these scenarios by more than that.
+is never recommended anything that loses to LRU on these scenarios by more than that; ExLlamaV3 is chosen
+among the settings at least as fast as its defaults on every scenario (`as_fast`), so never one slower than
+the stock engine there.
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ LARGE_SWAP_CAP = 1024
 # ExLlamaV3's queue drains when a request ends, and only then runs a pending sweep (or inline at 4 x interval):
 # requests of 2,048 generated tokens, one at a time, the length of the recipe's measured requests.
 SERVED_GENERATION = 2048
+# Steps ExLlamaV3's scenarios are scored over, at least: two served requests.
+SCORED_STEPS = 2 * SERVED_GENERATION
 
 NEEDS = {
     "vllm": "the recipe's engine keeps an LRU order per layer; it would need a decayed count per expert (one "
@@ -272,7 +278,19 @@ class EngineChoice(BaseModel):
     worst_gain: float
     mean_gain: float
     considered: int
+    scored_steps: int = 0  # after the learning part, in every scenario
+    stock_scores: list[ScenarioScore] = []  # ExLlamaV3's: its defaults on the same scenarios
     needs: str | None = None
+
+    @property
+    def worst_over_stock(self) -> float | None:
+        """The least relative decode-rate gain over the engine's defaults across the scenarios (None: unpriced)."""
+        gains = [
+            row.tokens_per_s / stock.tokens_per_s - 1.0
+            for row, stock in zip(self.scores, self.stock_scores, strict=True)
+            if row.tokens_per_s is not None and stock.tokens_per_s
+        ]
+        return min(gains) if gains else None
 
 
 class Recommendation(BaseModel):
@@ -350,6 +368,14 @@ def choose(gains: list[list[float]]) -> int:
     return max(eligible, key=lambda i: means[i])
 
 
+def as_fast(rows: Sequence[ScenarioScore], stock: Sequence[ScenarioScore]) -> bool:
+    """At least the stock setting's decode rate on every scenario, within `TOLERANCE` of it."""
+    return all(
+        (row.tokens_per_s or 0.0) >= (base.tokens_per_s or 0.0) * (1 - TOLERANCE)
+        for row, base in zip(rows, stock, strict=True)
+    )
+
+
 def warmed(trace: RoutingTrace, learn_steps: int, steps: int = WARM_UP_STEPS) -> RoutingTrace:
     """The trace after its own learning part repeated to at least `steps` steps: a placement that moves only at
     sweeps (ExLlamaV3's, every 512 steps at the slowest candidate) is then scored where it has settled, as it
@@ -360,6 +386,18 @@ def warmed(trace: RoutingTrace, learn_steps: int, steps: int = WARM_UP_STEPS) ->
     repeats = -(-steps // learn_steps)
     head = np.tile(trace.routes[:learn_steps], (repeats, 1, 1))
     return RoutingTrace(trace.layers, trace.experts, trace.top_k, np.concatenate([head, trace.routes]))
+
+
+def lengthened(trace: RoutingTrace, start: int, steps: int) -> RoutingTrace:
+    """The trace with its part from `start` on repeated until that part has at least `steps` steps."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    tail = trace.routes[start:]
+    if len(tail) >= steps or not len(tail):
+        return trace
+    repeats = -(-steps // len(tail))
+    routes = np.concatenate([trace.routes[:start], np.tile(tail, (repeats, 1, 1))])
+    return RoutingTrace(trace.layers, trace.experts, trace.top_k, routes)
 
 
 def layer_sample(layers: int, limit: int = CHOICE_LAYERS) -> list[int]:
@@ -399,22 +437,25 @@ def recommend(
     sample = subset(trace, picked)
     slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
     cut = sample.steps // 2 if learn_steps is None else min(max(1, learn_steps), sample.steps - 1)
-    held_out = sample.steps - cut
-    accesses = held_out * len(picked) * sample.top_k
     plain = stress_scenarios(sample, seed, start=cut)
+    # ExLlamaV3's sweeps wait for a queue drain (a request's end) or 4 x interval passes: its scenarios run
+    # long enough for several, the part after the learning part repeated before they change it.
+    served = stress_scenarios(lengthened(sample, cut, SCORED_STEPS), seed, start=cut) if "exllamav3" in engines else {}
     pools = {engine: candidates(engine) for engine in engines if engine != "proposed" or compiled()}
     # One task per engine and scenario; they are independent, so a large trace spreads over processes.
     tasks: list[_ScenarioTask] = []
     for engine, pool in pools.items():
         # ExLlamaV3's placement moves only at sweeps: scored where it has settled (`warmed`); a cache settles
         # within its slots' worth of misses, so the others keep the scenario as it is.
-        for name, scenario in plain.items():
+        for name, scenario in (served if engine == "exllamav3" else plain).items():
+            held_out = scenario.steps - cut
             scenario = warmed(scenario, cut) if engine == "exllamav3" else scenario
             cost = exl3_cost if engine == "exllamav3" else None
             # The replayed layers stand for the model's: their share of its swap cap and of its decode time.
             replayed, of = len(picked), len(trace.layers)
             share = cost.layer_share(replayed, of) if cost is not None else replayed / of
             start = scenario.steps - held_out
+            accesses = held_out * len(picked) * sample.top_k
             tasks.append(_ScenarioTask(engine, name, pool, scenario, slots, start, share, accesses, cost, generation))
     work = sample.steps * len(picked) * len(tasks)
     results = layer_map(_score_scenario, tasks, default_workers(work) if workers is None else workers)
@@ -442,8 +483,13 @@ def recommend(
             )
             for candidate in pool
         ]
-        chosen = choose([[row.gain for row in rows] for _, rows in scored])
-        candidate, rows = scored[chosen]
+        kept, stock = scored, []
+        if engine == "exllamav3":
+            # Never slower than the stock engine: only settings at least as fast as the engine's defaults on every
+            # scenario (the defaults themselves among them) are chosen from.
+            stock = next(rows for candidate, rows in scored if candidate == EXL3_DEFAULT)
+            kept = [(candidate, rows) for candidate, rows in scored if as_fast(rows, stock)]
+        candidate, rows = kept[choose([[row.gain for row in rows] for _, rows in kept])]
         gains = [row.gain for row in rows]
         choices.append(
             EngineChoice(
@@ -455,6 +501,8 @@ def recommend(
                 worst_gain=min(gains),
                 mean_gain=sum(gains) / len(gains),
                 considered=len(pool),
+                scored_steps=next(task.scenario.steps - task.start for task in tasks if task.engine == engine),
+                stock_scores=stock,
                 needs=NEEDS.get("vllm") if engine == "proposed" else None,
             )
         )
@@ -475,16 +523,19 @@ __all__ = [
     "LRU",
     "NEEDS",
     "RECIPE",
+    "SCORED_STEPS",
     "SERVED_GENERATION",
     "TOLERANCE",
     "Candidate",
     "EngineChoice",
     "Recommendation",
     "ScenarioScore",
+    "as_fast",
     "candidates",
     "choose",
     "layer_sample",
     "learned_counts",
+    "lengthened",
     "pinned_family",
     "recommend",
     "replay",

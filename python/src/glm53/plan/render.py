@@ -45,6 +45,9 @@ def render_recommendation(recommendation: Recommendation, console: Console) -> N
         name = choice.engine if choice.engine != "proposed" else "proposed (no engine yet)"
         unit = "%" if choice.measure == "decode rate" else ""
         table.add_row(name, choice.label, *(f"{100 * score.gain:+.2f}{unit}" for score in choice.scores))
+        if choice.stock_scores:
+            stock = (f"{100 * score.gain:+.2f}{unit}" for score in choice.stock_scores)
+            table.add_row("", "its defaults (the stock engine)", *stock)
     console.print(table)
     for choice in recommendation.engines:
         if choice.needs:

@@ -37,6 +37,7 @@ from glm53.plan.targets import (
 from glm53.plan.trace_import import import_trace
 from glm53.plan.trace_shapes import SHAPES, make_shape, stress_scenarios
 from glm53.plan.traces import read_trace
+from glm53.recipe.profiles import KEYS, load_profile
 from tests.support.cli import run_with_capsys as run
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
@@ -101,6 +102,18 @@ def test_exllamav3_is_never_recommended_slower_than_its_defaults() -> None:
     assert as_fast(exl3.scores, exl3.stock_scores) and not as_fast(
         exl3.scores, [row.model_copy(update={"tokens_per_s": 2 * (row.tokens_per_s or 0)}) for row in exl3.scores]
     )
+
+
+def test_every_setting_recommended_is_a_profile_key_serve_checks() -> None:
+    """What `glm53 plan host --out` writes for ExLlamaV3 is checked as any --set of the same key is, so a plan
+    and a hand-written setting are held to the same bounds (before, three of the four swap keys bypassed it)."""
+    for candidate in candidates("exllamav3"):
+        pairs = list(candidate.env("/srv/plan/exl3-split-stats.json").items())
+        profile = load_profile("exl3-1gpu", environ={}, overrides=pairs)
+        for key, value in pairs:
+            assert key in KEYS and profile.value(key) == value
+    with pytest.raises(BadInput, match="EXL3_MOE_CPU_SWAP_MAX"):
+        load_profile("exl3-1gpu", environ={}, overrides=[("EXL3_MOE_CPU_SWAP_MAX", "-1")])
 
 
 def test_a_trace_is_lengthened_by_repeating_its_scored_part() -> None:

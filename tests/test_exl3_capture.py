@@ -24,6 +24,7 @@ from glm53.plan.engine_cost import (
 )
 from glm53.plan.exl3_capture import CapturedLayer, compare_capture, load_capture, save_capture
 from glm53.plan.policies import _sweep_points, sweep_triggers
+from glm53.plan.recommend import candidates
 
 CAPTURES = Path(__file__).parent / "fixtures" / "exl3-capture"
 
@@ -113,6 +114,23 @@ def test_a_swap_costs_what_the_cost_model_charges_for_its_overhead() -> None:
         seconds += list(capture.sweep_seconds[1:])
     slope, _ = np.polyfit(swaps, seconds, 1)
     assert slope == pytest.approx(SWAP_OVERHEAD_SECONDS, rel=0.05)
+
+
+def test_the_setting_recommended_on_most_shapes_is_replayed_exactly() -> None:
+    """The setting the recommendation chooses on most of the targets' shapes (interval 32, hysteresis 4, no
+    floor, a sweep's cap lifted to 1,024), run by the engine on the GPU: every sweep, swap and final placement
+    as the replay has them."""
+    capture = load_capture(CAPTURES / "recommended-setting.npz")
+    result = compare_capture(capture)
+    assert result.agree and result.trigger_agrees and result.layers_agreeing == 5
+    assert result.engine_swaps == result.replay_swaps > 0
+    setting = (capture.interval, capture.hysteresis, capture.floor, capture.max_swaps)
+    assert setting == (32, 4.0, 0.0, 1024)
+    assert any(
+        (c.interval, c.hysteresis, c.floor, c.max_swaps) == setting
+        for c in candidates("exllamav3")
+        if c.family == "exl3-dynamic"
+    )
 
 
 def _sweep_seconds(layers: int, experts: int) -> float:

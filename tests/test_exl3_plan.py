@@ -34,6 +34,7 @@ from glm53.plan.exl3 import (
 )
 from glm53.plan.planner import GpuSpec, Infeasible
 from glm53.plan.policies import exl3_dynamic
+from glm53.plan.recommend import SCORED_STEPS, TOLERANCE
 from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, synthesize_trace, write_counts, write_trace
 from glm53.recipe.profiles import load_profile
 from tests.support.cli import run_with_capsys as run
@@ -587,6 +588,11 @@ def test_cli_stats_trace_and_out_write_the_files(
     recommended = chosen.choice.env(str(stats_path))
     assert recommended and all(env[key] == value for key, value in recommended.items())
     assert all(saved.origins[key].startswith("recommended: ") for key in recommended)
+    # never slower than the engine's defaults on the scenarios it was judged on, and the plan says so
+    over_stock = chosen.worst_over_stock
+    assert over_stock is not None and over_stock >= -TOLERANCE and chosen.scored_steps >= SCORED_STEPS
+    assert all(f"{over_stock:+.2%} vs its defaults" in saved.origins[key] for key in recommended)
+    assert "stock" in out  # its defaults, beside the choice
     assert saved.split_stats_file == str(stats_path) and saved.env == env
     # With the counts the coldest experts are on the CPU: a smaller CPU share than uniform.
     assert saved.prediction.cpu_share < 200 / 288

@@ -112,7 +112,8 @@ def evaluate_trace(
     learn = trace.slice(0, learn_steps)
     held_out = (trace.steps - learn_steps) * len(trace.layers) * trace.top_k
     # The trace's layers stand for GLM-5.3's MoE layers: their share of ExLlamaV3's swap cap (as `recommend`).
-    layer_share = default_exl3_cost(trace.top_k).layer_share(len(trace.layers), len(trace.layers))
+    share_cost = (costs or {}).get("exllamav3") or default_exl3_cost(trace.top_k)
+    layer_share = share_cost.layer_share(len(trace.layers), len(trace.layers))
     rows = []
     for fraction in fractions:
         slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))

@@ -69,10 +69,10 @@ def finish_exl3_plan(
         env, origins = dict(plan.env), dict(plan.origins)
         if plan.recommendation is not None:
             chosen = plan.recommendation.engine("exllamav3")
+            over_stock = chosen.worst_over_stock
+            stock = f", {over_stock:+.2%} vs its defaults" if over_stock is not None else ""
             for key, value in chosen.choice.env(str(stats_path)).items():
                 env[key] = value
-                over_stock = chosen.worst_over_stock
-                stock = f", {over_stock:+.2%} vs its defaults" if over_stock is not None else ""
                 origins[key] = (
                     f"recommended: {chosen.label} (worst stress scenario: {chosen.measure} "
                     f"{chosen.worst_gain:+.2%} vs plain LRU{stock})"

@@ -57,21 +57,24 @@ class StepHits:
         return int(self.hits[start:stop].sum(dtype=np.int64))
 
     def swaps_between(self, start: int, stop: int | None = None) -> int:
-        return self._sweep_sum(self.swaps, start, stop) if self.swaps is not None else 0
+        within = self._sweeps_within(start, stop)
+        return 0 if within is None or self.swaps is None else int(self.swaps[within].sum())
 
     def turns_between(self, start: int, stop: int | None = None) -> int:
-        return self._sweep_sum(self.turns, start, stop) if self.turns is not None else 0
+        within = self._sweeps_within(start, stop)
+        return 0 if within is None or self.turns is None else int(self.turns[within].sum())
 
     def sweeps_between(self, start: int, stop: int | None = None) -> int:
-        return self._sweep_sum(None, start, stop)
+        within = self._sweeps_within(start, stop)
+        return 0 if within is None else int(within.sum())
 
-    def _sweep_sum(self, per_sweep: NDArray[np.int64] | None, start: int, stop: int | None) -> int:
-        """The sum of `per_sweep` (None: the count) over the sweeps after steps start .. stop - 1."""
+    def _sweeps_within(self, start: int, stop: int | None) -> NDArray[np.bool_] | None:
+        """Which sweeps come after steps start .. stop - 1 (None: no sweeps)."""
         if self.sweep_steps is None:
-            return 0
+            return None
         end = len(self.hits) if stop is None else stop
-        within = (self.sweep_steps >= start) & (self.sweep_steps < end)
-        return int(within.sum() if per_sweep is None else per_sweep[within].sum())
+        within: NDArray[np.bool_] = (self.sweep_steps >= start) & (self.sweep_steps < end)
+        return within
 
 
 def pinned_lru_masks(

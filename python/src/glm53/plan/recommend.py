@@ -15,7 +15,7 @@ Candidates, each replayed by `policies` at the same GPU budget (a share of every
 
 Each candidate is scored on every scenario by its hit rate minus plain LRU's there (the baseline that cannot
 be misled by a ranking). ExLlamaV3's are scored by decode rate instead (`engine_cost.exl3_step_cost`: a
-selection on a CPU-resident expert waits for the CPU worker, and every sweep and swap is paid), relative to
+selection on a CPU-resident expert waits for the CPU worker, and every sweep and swap is paid), shown beside
 plain LRU's priced alike, with its queue draining when a generation of `SERVED_GENERATION` tokens ends: its
 sweeps trade hits against swaps, which points alone would not charge. Its scenarios are scored over at least
 `SCORED_STEPS` (two requests; the part after the learning part repeated where it is shorter), since it sweeps
@@ -23,10 +23,10 @@ when a request ends.
 
 The choice is robust first (`choose`): among the candidates whose worst scenario is within `TOLERANCE` of
 the best worst case, the one with the best mean; where no candidate comes within a quarter point of LRU on
-every scenario (ExLlamaV3's), the least maximum regret. Plain LRU is a vllm candidate, so the recipe's engine
-is never recommended anything that loses to LRU on these scenarios by more than that; ExLlamaV3 is chosen
-among the settings at least as fast as its defaults on every scenario (`as_fast`), so never one slower than
-the stock engine there.
+every scenario (the proposal's can miss it), the least maximum regret. Plain LRU is a vllm candidate, so the
+recipe's engine is never recommended anything that loses to LRU on these scenarios by more than that.
+ExLlamaV3's gains are taken over its own defaults (`over_stock`), which are a candidate too: its choice is the
+setting whose worst scenario gains most over the stock engine, so never one slower than it there.
 """
 
 from __future__ import annotations
@@ -285,12 +285,7 @@ class EngineChoice(BaseModel):
     @property
     def worst_over_stock(self) -> float | None:
         """The least relative decode-rate gain over the engine's defaults across the scenarios (None: unpriced)."""
-        gains = [
-            row.tokens_per_s / stock.tokens_per_s - 1.0
-            for row, stock in zip(self.scores, self.stock_scores, strict=True)
-            if row.tokens_per_s is not None and stock.tokens_per_s
-        ]
-        return min(gains) if gains else None
+        return min(over_stock(self.scores, self.stock_scores)) if self.stock_scores else None
 
 
 class Recommendation(BaseModel):
@@ -349,14 +344,14 @@ def _score_scenario(task: _ScenarioTask) -> tuple[_Rate, dict[Candidate, _Rate]]
 
 
 def choose(gains: list[list[float]]) -> int:
-    """The index of the robust choice among candidates' gains over plain LRU, one list per candidate (one
-    value per scenario).
+    """The index of the robust choice among candidates' gains over a baseline (plain LRU, or for ExLlamaV3 its
+    defaults), one list per candidate (one value per scenario).
 
-    Where some candidate stays within `LRU_GUARD` of LRU on every scenario: among the candidates whose worst
-    scenario is within `TOLERANCE` of the best worst case, the best mean. Where none can (ExLlamaV3's split
-    cannot keep an expert for the next step's repeat, so every setting is far below LRU somewhere), the worst
-    case says little (every setting is about as bad on a sliding ranking): the least maximum regret, the
-    distance to the best candidate of each scenario, then the best mean."""
+    Where some candidate stays within `LRU_GUARD` of the baseline on every scenario: among the candidates whose
+    worst scenario is within `TOLERANCE` of the best worst case, the best mean. Where none can (the proposal,
+    which has no plain LRU among its settings, can fall far below it on a sliding ranking), the worst case says
+    little (every setting is about as bad there): the least maximum regret, the distance to the best candidate
+    of each scenario, then the best mean."""
     worst = [min(values) for values in gains]
     means = [sum(values) / len(values) for values in gains]
     if max(worst) >= -LRU_GUARD:
@@ -368,12 +363,12 @@ def choose(gains: list[list[float]]) -> int:
     return max(eligible, key=lambda i: means[i])
 
 
-def as_fast(rows: Sequence[ScenarioScore], stock: Sequence[ScenarioScore]) -> bool:
-    """At least the stock setting's decode rate on every scenario, within `TOLERANCE` of it."""
-    return all(
-        (row.tokens_per_s or 0.0) >= (base.tokens_per_s or 0.0) * (1 - TOLERANCE)
+def over_stock(rows: Sequence[ScenarioScore], stock: Sequence[ScenarioScore]) -> list[float]:
+    """Each scenario's relative decode-rate gain over the stock setting's."""
+    return [
+        (row.tokens_per_s or 0.0) / base.tokens_per_s - 1.0 if base.tokens_per_s else 0.0
         for row, base in zip(rows, stock, strict=True)
-    )
+    ]
 
 
 def warmed(trace: RoutingTrace, learn_steps: int, steps: int = WARM_UP_STEPS) -> RoutingTrace:
@@ -483,13 +478,14 @@ def recommend(
             )
             for candidate in pool
         ]
-        kept, stock = scored, []
         if engine == "exllamav3":
-            # Never slower than the stock engine: only settings at least as fast as the engine's defaults on every
-            # scenario (the defaults themselves among them) are chosen from.
+            # Judged against the stock engine, robust first: the largest worst-scenario gain over the engine's
+            # defaults (which are among the candidates, so never below them), then the best mean.
             stock = next(rows for candidate, rows in scored if candidate == EXL3_DEFAULT)
-            kept = [(candidate, rows) for candidate, rows in scored if as_fast(rows, stock)]
-        candidate, rows = kept[choose([[row.gain for row in rows] for _, rows in kept])]
+            candidate, rows = scored[choose([over_stock(rows, stock) for _, rows in scored])]
+        else:
+            stock = []
+            candidate, rows = scored[choose([[row.gain for row in rows] for _, rows in scored])]
         gains = [row.gain for row in rows]
         choices.append(
             EngineChoice(
@@ -530,12 +526,12 @@ __all__ = [
     "EngineChoice",
     "Recommendation",
     "ScenarioScore",
-    "as_fast",
     "candidates",
     "choose",
     "layer_sample",
     "learned_counts",
     "lengthened",
+    "over_stock",
     "pinned_family",
     "recommend",
     "replay",

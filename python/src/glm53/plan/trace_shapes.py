@@ -132,6 +132,38 @@ def rotation(trace: RoutingTrace, period: int | None = None, start: int = 0) -> 
     return RoutingTrace(trace.layers, trace.experts, trace.top_k, out.astype(np.int16))
 
 
+def continued(trace: RoutingTrace, start: int) -> RoutingTrace:
+    """The drift the learning part shows, carried on from step `start`: the learning part's last half replayed
+    again and again, each replay relabelled once more by the map that takes the expert at each rank of the first
+    half's ranking to the expert at the same rank of the last half's. A ranking that slides keeps sliding at its
+    own pace (a replay starts where the one before it ended), and a stationary one barely moves (its map swaps
+    only experts of about equal rank)."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    after = trace.steps - start
+    if start < 2 or after <= 0:
+        return trace
+    half = start // 2
+    routes = trace.routes.astype(np.int64)
+    window = routes[start - half : start]
+    replays = -(-after // half)
+    body = np.tile(window, (replays, 1, 1))[:after]
+    turns = np.arange(after) // half + 1  # times each replayed step is relabelled
+    for index in range(len(trace.layers)):
+        first = rank_experts(np.bincount(routes[: start - half, index, :].ravel(), minlength=trace.experts))
+        last = rank_experts(np.bincount(window[:, index, :].ravel(), minlength=trace.experts))
+        step_map = np.empty(trace.experts, dtype=np.int64)
+        step_map[first] = last
+        powers = np.empty((replays + 1, trace.experts), dtype=np.int64)
+        powers[0] = np.arange(trace.experts)
+        for turn in range(1, replays + 1):
+            powers[turn] = step_map[powers[turn - 1]]
+        body[:, index, :] = powers[turns[:, None], body[:, index, :]]
+    return RoutingTrace(
+        trace.layers, trace.experts, trace.top_k, np.concatenate([trace.routes[:start], body.astype(np.int16)])
+    )
+
+
 def correlate_layers(trace: RoutingTrace, probability: float = CORRELATION, seed: int = 0) -> RoutingTrace:
     """Each slot of layer l + 1 repeats a fixed image (per layer pair, a random permutation) of layer l's
     expert in that slot with `probability`; a repeat that collides with the step's other ids is dropped."""
@@ -197,7 +229,8 @@ def make_shape(
 def stress_scenarios(trace: RoutingTrace, seed: int = 0, start: int | None = None) -> dict[str, RoutingTrace]:
     """The user's trace and what a recommendation must survive, each changing from step `start` on (default
     the midpoint; the steps before it, the learning part, are the user's own): popularity re-permuted, the
-    ranking sliding through half the experts, two tenants alternating, bursty sessions."""
+    ranking sliding through half the experts, the learning part's own drift carried on at its pace
+    (`continued`), two tenants alternating, bursty sessions."""
     middle = trace.steps // 2 if start is None else start
     period = max(1, (trace.steps - middle) * 2 // trace.experts)
     block = max(1, min(TENANT_BLOCK, (trace.steps - middle) // 4))
@@ -205,6 +238,7 @@ def stress_scenarios(trace: RoutingTrace, seed: int = 0, start: int | None = Non
         "trace": trace,
         "re-permuted": drift_trace(trace, [(middle / trace.steps, 1.0)], seed) if 0 < middle < trace.steps else trace,
         "rotated": rotation(trace, period, start=middle),
+        "continued": continued(trace, middle) if 0 < middle < trace.steps else trace,
         "tenants": tenants(trace, block, seed, start=middle),
         "bursty": bursty(trace, max(1, block), seed=seed, start=middle),
     }
@@ -214,6 +248,7 @@ __all__ = [
     "SHAPES",
     "TraceShape",
     "bursty",
+    "continued",
     "correlate_layers",
     "make_shape",
     "relabel_blocks",

@@ -148,17 +148,17 @@ def continued(trace: RoutingTrace, start: int) -> RoutingTrace:
     window = routes[start - half : start]
     replays = -(-after // half)
     body = np.tile(window, (replays, 1, 1))[:after]
-    turns = np.arange(after) // half + 1  # times each replayed step is relabelled
     for index in range(len(trace.layers)):
         first = rank_experts(np.bincount(routes[: start - half, index, :].ravel(), minlength=trace.experts))
         last = rank_experts(np.bincount(window[:, index, :].ravel(), minlength=trace.experts))
         step_map = np.empty(trace.experts, dtype=np.int64)
         step_map[first] = last
-        powers = np.empty((replays + 1, trace.experts), dtype=np.int64)
-        powers[0] = np.arange(trace.experts)
-        for turn in range(1, replays + 1):
-            powers[turn] = step_map[powers[turn - 1]]
-        body[:, index, :] = powers[turns[:, None], body[:, index, :]]
+        relabel = np.arange(trace.experts)
+        # one replay at a time: memory stays one map, however many replays a short learning part makes
+        for replay in range(replays):
+            relabel = step_map[relabel]
+            rows = slice(replay * half, (replay + 1) * half)
+            body[rows, index, :] = relabel[body[rows, index, :]]
     return RoutingTrace(
         trace.layers, trace.experts, trace.top_k, np.concatenate([trace.routes[:start], body.astype(np.int16)])
     )

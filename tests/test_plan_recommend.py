@@ -94,6 +94,9 @@ def test_the_continued_scenario_carries_the_learning_parts_own_drift_on_at_its_p
             assert abs(kept(carried, 1000, gap) - kept(real, 1000, gap)) <= 3, (shape, gap)
         moved[shape] = kept(carried, 1000, 800)
     assert moved["rotation"] <= 4 < 12 <= moved["stationary"]  # of 16: the sliding hot set has moved on
+    # a learning part of two steps on a long trace: 100,000 replays of one step, one map held at a time
+    long = make_shape("stationary", seed=1, steps=100_002, layers=range(3, 4), experts=96, top_k=4)
+    assert continued(long, 2).routes.shape == long.routes.shape
 
 
 def test_recommendation_never_loses_to_lru_on_its_scenarios() -> None:

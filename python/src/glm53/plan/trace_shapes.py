@@ -144,15 +144,12 @@ def continued(trace: RoutingTrace, start: int) -> RoutingTrace:
     if start < 2 or after <= 0:
         return trace
     half = start // 2
-    routes = trace.routes.astype(np.int64)
-    window = routes[start - half : start]
+    first_counts, last_counts = trace.slice(0, start - half).counts(), trace.slice(start - half, start).counts()
     replays = -(-after // half)
-    body = np.tile(window, (replays, 1, 1))[:after]
+    body = np.tile(trace.routes[start - half : start].astype(np.int64), (replays, 1, 1))[:after]
     for index in range(len(trace.layers)):
-        first = rank_experts(np.bincount(routes[: start - half, index, :].ravel(), minlength=trace.experts))
-        last = rank_experts(np.bincount(window[:, index, :].ravel(), minlength=trace.experts))
         step_map = np.empty(trace.experts, dtype=np.int64)
-        step_map[first] = last
+        step_map[rank_experts(first_counts[index])] = rank_experts(last_counts[index])
         relabel = np.arange(trace.experts)
         # one replay at a time: memory stays one map, however many replays a short learning part makes
         for replay in range(replays):
@@ -238,7 +235,7 @@ def stress_scenarios(trace: RoutingTrace, seed: int = 0, start: int | None = Non
         "trace": trace,
         "re-permuted": drift_trace(trace, [(middle / trace.steps, 1.0)], seed) if 0 < middle < trace.steps else trace,
         "rotated": rotation(trace, period, start=middle),
-        "continued": continued(trace, middle) if 0 < middle < trace.steps else trace,
+        "continued": continued(trace, middle),
         "tenants": tenants(trace, block, seed, start=middle),
         "bursty": bursty(trace, max(1, block), seed=seed, start=middle),
     }

@@ -3,7 +3,8 @@
 # fixture, diagnose the CPU worker, compare GPU-only with CPU offload, then `glm53 serve` it through TabbyAPI
 # and measure it with `glm53 bench run`. Each stage writes its log and results under OUT.
 #
-#   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build fixture diag check serve routing sweep-cost
+#   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build build-cache fixture diag check serve routing sweep-cost
+#                                                 cache-bench
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
@@ -15,7 +16,9 @@
 # ROUTING_ARGS passes options to tools/exl3-routing-capture.py. CAPTURE=1 makes stage serve record the routing
 # while TabbyAPI serves (`glm53 serve --capture-routing OUT/capture`) and compare it with glm53's replay.
 # Stage sweep-cost times the engine's own sweep over 1 to 42 layers of 16 to 256 experts (OUT/sweep-cost.json);
-# it needs only setup and build.
+# it needs only setup and build. Stage build-cache compiles glm53's GPU expert cache (pkgs/exllamav3/expert-cache)
+# into glm53_expert_cache beside exllamav3_ext; stage cache-bench (setup, build, build-cache) runs
+# tools/exl3-expert-cache-bench.py at GLM-5.3-Flash's dimensions into OUT/expert-cache.json (CACHE_ARGS: its options).
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -46,6 +49,20 @@ for stage in "$@"; do
     echo "std::locale symbols defined in the module: $(nm -C --defined-only "$site"/exllamav3_ext*.so | grep -c 'std::locale')"
     grep -o '^[^ ]*g++ ' "$out/build.log" | sort | uniq -c
     for cxx in /opt/gcc/bin/g++ g++; do command -v $cxx >/dev/null && echo "$cxx: $($cxx -dumpversion) links $($cxx -print-file-name=libstdc++.so) / $($cxx -print-file-name=libstdc++.a)"; done
+    ;;
+  build-cache)
+    stamp build-cache
+    mkdir -p "$work/build-cache" && cd "$work/build-cache" || exit 1
+    EXL3_EXTENSION_NAME=glm53_expert_cache TORCH_CUDA_ARCH_LIST=${ARCH:-9.0} \
+      python3 "$root/pkgs/exllamav3/build_ext.py" "$root/pkgs/exllamav3/expert-cache" "$site" >"$out/build-cache.log" 2>&1
+    echo "build-cache rc=$? $(ls "$site"/glm53_expert_cache*.so 2>/dev/null)"; grep -iE "error|warning" "$out/build-cache.log" | head -20
+    cd "$root" || exit 1
+    ;;
+  cache-bench)
+    stamp cache-bench
+    timeout ${CACHE_TIMEOUT:-420} python3 "$root/tools/exl3-expert-cache-bench.py" --out "$out/expert-cache.json" ${CACHE_ARGS:-} 2>&1 |
+      tee "$out/cache-bench.log" | cut -c1-400
+    echo "cache-bench rc=${PIPESTATUS[0]}"
     ;;
   fixture)
     stamp fixture

@@ -25,7 +25,8 @@ import sys
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-EXTENSION_NAME = "exllamav3_ext"
+# EXL3_EXTENSION_NAME builds another source tree the same way (glm53_expert_cache: pkgs/exllamav3/expert-cache).
+EXTENSION_NAME = os.environ.get("EXL3_EXTENSION_NAME", "exllamav3_ext")
 
 # exllamav3/ext.py 1.4.6, non-Windows branch, with verbose and ext_debug off.
 CXX_FLAGS = ["-Ofast"]

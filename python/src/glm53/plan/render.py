@@ -14,6 +14,7 @@ from glm53.host.topology import format_cpu_list
 from glm53.plan.cache_plan import LayerCache
 from glm53.plan.comparison import ComparisonReport
 from glm53.plan.exl3 import Exl3Plan
+from glm53.plan.expert_cache import CachePlan
 from glm53.plan.planner import Plan
 from glm53.plan.recommend import Recommendation
 from glm53.plan.traces import SyntheticTraceSpec
@@ -405,4 +406,34 @@ def render_probe(report: ProbeReport, block_bytes: int, seconds: float, console:
     console.print(f"torch {report.torch}, CUDA {report.cuda}; {seconds:.1f} s")
 
 
-__all__ = ["render_comparison", "render_plan", "render_probe", "render_synthetic_trace"]
+def render_expert_cache(plan: CachePlan, console: Console) -> None:
+    size = plan.size
+    table = Table(title=f"GPU expert cache for {plan.model} ({size.gpus} GPUs, {size.layers_per_gpu} MoE layers each)")
+    table.add_column("per MoE layer")
+    table.add_column("slots", justify="right")
+    table.add_column("bytes", justify="right")
+    for label, count in (("pinned (hottest)", size.pinned), ("LRU window", size.window), ("staging", size.staging)):
+        table.add_row(label, f"{count:,}", _gib(count * size.slot_bytes))
+    table.add_row("resident share of the experts", f"{size.fraction:.1%}", "")
+    console.print(table)
+    console.print(
+        f"per GPU: {_gib(size.used_bytes_per_gpu)} of {_gib(size.cache_bytes_per_gpu)} given; host pool (every "
+        f"expert once, page-locked): {_gib(size.host_pool_bytes)}"
+    )
+    console.print("lookup kernel per layer: " + ", ".join(f"{k}={v}" for k, v in plan.engine_args.items()))
+    choice = plan.choice
+    if choice is None:
+        console.print("pinned share: as given (no trace to choose it from)")
+        return
+    scores = Table(title=f"pinned share chosen on {plan.source}: {choice.label} (held-out hit rates)")
+    for column in ("scenario", "chosen", "plain LRU", "recipe (20% pinned)"):
+        scores.add_column(column, justify="left" if column == "scenario" else "right")
+    for name, hit, lru, recipe in zip(
+        choice.scenarios, choice.hit_rates, choice.lru_hit_rates, choice.recipe_hit_rates, strict=True
+    ):
+        scores.add_row(name, f"{hit:.2%}", f"{lru:.2%}", f"{recipe:.2%}")
+    console.print(scores)
+    console.print(f"worst gain over plain LRU: {choice.worst_gain_over_lru * 100:+.2f} points")
+
+
+__all__ = ["render_comparison", "render_expert_cache", "render_plan", "render_probe", "render_synthetic_trace"]

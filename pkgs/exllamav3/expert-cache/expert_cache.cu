@@ -1,0 +1,337 @@
+// A per-layer GPU expert cache for ExLlamaV3's MoE kernels: a device-side directory and lookup kernel that
+// rewrites the pointer tables `exl3_mgemm` / `exl3_moe` read (so hits and misses run through the unchanged
+// kernels, bit for bit), and a fetch kernel that fills the missed slots from mapped pinned host memory.
+//
+// Policy, per layer (the planner's cache model, glm53.plan.miss_ratio): slots [0, pinned) hold the layer's
+// hottest experts for good; the other slots run LRU with a window of `window` experts plus one step's staging.
+// A decode step looks its selections up in order; a hit refreshes its expert's stamp, a miss takes the
+// lowest free slot. Stamps are step * n + position, so recency ties inside a step break by position. After
+// the step's lookups the window keeps its `window` most recent unpinned experts and frees the rest. An
+// access therefore hits exactly when fewer than `window` unpinned experts were used since its previous use.
+//
+// Nothing here synchronizes with the host: lookup and fetch are plain kernel launches on the caller's streams,
+// so both run inside CUDA graphs (the graph captures the tensors' addresses; their contents move on).
+
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace {
+
+constexpr int LOOKUP_THREADS = 256;
+constexpr int MAX_SELECTED = 128;    // one step's selections of one layer (rows x top_k)
+constexpr int MAX_SLOTS = 8192;
+
+// state[] fields, one int64 tensor per layer
+constexpr int STATE_STEP = 0;        // decode steps looked up so far
+constexpr int STATE_HITS = 1;        // selections served from a resident slot
+constexpr int STATE_MISSES = 2;      // selections copied in
+constexpr int STATE_T0 = 3;          // %globaltimer when the last lookup finished (the fetch's pacing origin)
+constexpr int STATE_OVERFLOW = 4;    // misses that found no free slot (a sizing error; must stay 0)
+constexpr int STATE_FIELDS = 8;
+
+__device__ __forceinline__ uint64_t global_timer_ns()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+struct Tables
+{
+    int64_t* gate;
+    int64_t* up;
+    int64_t* down;
+    int64_t offset_gate;
+    int64_t offset_up;
+    int64_t offset_down;
+};
+
+__global__ void lookup_kernel
+(
+    const int64_t* __restrict__ selected,
+    int n,
+    int experts,
+    int slots,
+    int pinned,
+    int window,
+    int* __restrict__ slot_of_expert,
+    int* __restrict__ expert_of_slot,
+    int64_t* __restrict__ stamp,
+    int64_t* __restrict__ state,
+    int* __restrict__ miss_expert,
+    int* __restrict__ miss_slot,
+    int* __restrict__ miss_count,
+    Tables tables,
+    uint8_t* slot_base,
+    int64_t slot_bytes
+)
+{
+    __shared__ unsigned char evict[MAX_SLOTS];
+    __shared__ int resident;
+
+    if (threadIdx.x == 0)
+    {
+        const int64_t step = state[STATE_STEP];
+        state[STATE_STEP] = step + 1;
+        int hits = 0;
+        int misses = 0;
+        int next_free = pinned;
+        for (int j = 0; j < n; ++j)
+        {
+            const int64_t e64 = selected[j];
+            if (e64 < 0 || e64 >= experts) continue;  // masked selection (-1): the kernels skip it too
+            const int e = (int) e64;
+            const int64_t time = step * n + j;
+            const int s = slot_of_expert[e];
+            if (s >= 0)
+            {
+                // A repeat inside the step (several rows) counts once, as the first access did.
+                bool repeat = false;
+                for (int i = 0; i < misses; ++i) repeat |= miss_expert[i] == e;
+                if (!repeat && s >= pinned && stamp[s] / n == step) repeat = true;
+                if (!repeat) ++hits;
+                if (s >= pinned) stamp[s] = time;
+                continue;
+            }
+            while (next_free < slots && expert_of_slot[next_free] >= 0) ++next_free;
+            if (next_free >= slots)
+            {
+                ++state[STATE_OVERFLOW];
+                continue;
+            }
+            const int slot = next_free++;
+            expert_of_slot[slot] = e;
+            slot_of_expert[e] = slot;
+            stamp[slot] = time;
+            uint8_t* base = slot_base + slot * slot_bytes;
+            tables.gate[e] = (int64_t) (base + tables.offset_gate);
+            tables.up[e] = (int64_t) (base + tables.offset_up);
+            tables.down[e] = (int64_t) (base + tables.offset_down);
+            miss_expert[misses] = e;
+            miss_slot[misses] = slot;
+            ++misses;
+        }
+        state[STATE_HITS] += hits;
+        state[STATE_MISSES] += misses;
+        *miss_count = misses;
+        resident = 0;
+    }
+    __syncthreads();
+
+    // The window keeps its `window` most recent unpinned experts: a resident slot with `window` or more newer
+    // residents is freed. Stamps are unique, so the count is exact.
+    int mine = 0;
+    for (int s = pinned + threadIdx.x; s < slots; s += blockDim.x)
+    {
+        evict[s] = 0;
+        if (expert_of_slot[s] < 0) continue;
+        ++mine;
+        const int64_t t = stamp[s];
+        int newer = 0;
+        for (int o = pinned; o < slots; ++o)
+            newer += (expert_of_slot[o] >= 0 && stamp[o] > t);
+        evict[s] = newer >= window;
+    }
+    atomicAdd(&resident, mine);
+    __syncthreads();
+    if (resident > window)
+    {
+        for (int s = pinned + threadIdx.x; s < slots; s += blockDim.x)
+        {
+            if (!evict[s]) continue;
+            slot_of_expert[expert_of_slot[s]] = -1;
+            expert_of_slot[s] = -1;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) state[STATE_T0] = (int64_t) global_timer_ns();
+}
+
+// Copies each missed expert (slot_bytes, 16-byte aligned) from the host pool, read through its mapped device
+// address, into its slot. With bytes_per_us > 0 the copy is paced to that rate from the lookup's end: chunk i
+// of the step's misses may start only once i's bytes would have crossed a link of that speed.
+__global__ void fetch_kernel
+(
+    const int* __restrict__ miss_expert,
+    const int* __restrict__ miss_slot,
+    const int* __restrict__ miss_count,
+    const int64_t* __restrict__ state,
+    const uint8_t* host_pool,
+    int64_t expert_bytes,
+    uint8_t* slot_base,
+    int64_t slot_bytes,
+    double bytes_per_ns
+)
+{
+    const int j = blockIdx.y;
+    if (j >= *miss_count) return;
+    const int e = miss_expert[j];
+    const int s = miss_slot[j];
+    const uint4* src = (const uint4*) (host_pool + e * expert_bytes);
+    uint4* dst = (uint4*) (slot_base + s * slot_bytes);
+    const int64_t vectors = expert_bytes / 16;
+    const int64_t per_block = (vectors + gridDim.x - 1) / gridDim.x;
+    const int64_t begin = blockIdx.x * per_block;
+    const int64_t end = vectors < begin + per_block ? vectors : begin + per_block;
+    constexpr int64_t CHUNK = 1024;  // vectors (16 KiB) per paced chunk
+
+    const uint64_t t0 = (uint64_t) state[STATE_T0];
+    for (int64_t chunk = begin; chunk < end; chunk += CHUNK)
+    {
+        if (bytes_per_ns > 0.0)
+        {
+            if (threadIdx.x == 0)
+            {
+                const double offset = (double) j * expert_bytes + (double) (chunk + CHUNK) * 16.0;
+                const uint64_t start = t0 + (uint64_t) (offset / bytes_per_ns);
+                while (global_timer_ns() < start) __nanosleep(500);
+            }
+            __syncthreads();
+        }
+        const int64_t stop = end < chunk + CHUNK ? end : chunk + CHUNK;
+        for (int64_t v = chunk + threadIdx.x; v < stop; v += blockDim.x) dst[v] = src[v];
+    }
+}
+
+void check_i32(const at::Tensor& t, const char* name)
+{
+    TORCH_CHECK(t.is_cuda() && t.dtype() == at::kInt && t.is_contiguous(), name, " must be a contiguous int32 CUDA tensor");
+}
+
+void check_i64(const at::Tensor& t, const char* name)
+{
+    TORCH_CHECK(t.is_cuda() && t.dtype() == at::kLong && t.is_contiguous(), name, " must be a contiguous int64 CUDA tensor");
+}
+
+}  // namespace
+
+void lookup
+(
+    const at::Tensor& selected,
+    at::Tensor& slot_of_expert,
+    at::Tensor& expert_of_slot,
+    at::Tensor& stamp,
+    at::Tensor& state,
+    at::Tensor& miss_expert,
+    at::Tensor& miss_slot,
+    at::Tensor& miss_count,
+    at::Tensor& table_gate,
+    at::Tensor& table_up,
+    at::Tensor& table_down,
+    int64_t offset_gate,
+    int64_t offset_up,
+    int64_t offset_down,
+    const at::Tensor& slot_pool,
+    int64_t slot_bytes,
+    int64_t pinned,
+    int64_t window
+)
+{
+    const at::cuda::OptionalCUDAGuard device_guard(selected.device());
+    check_i64(selected, "selected");
+    check_i32(slot_of_expert, "slot_of_expert");
+    check_i32(expert_of_slot, "expert_of_slot");
+    check_i64(stamp, "stamp");
+    check_i64(state, "state");
+    check_i32(miss_expert, "miss_expert");
+    check_i32(miss_slot, "miss_slot");
+    check_i32(miss_count, "miss_count");
+    check_i64(table_gate, "table_gate");
+    check_i64(table_up, "table_up");
+    check_i64(table_down, "table_down");
+    const int n = (int) selected.numel();
+    const int experts = (int) slot_of_expert.numel();
+    const int slots = (int) expert_of_slot.numel();
+    TORCH_CHECK(n <= MAX_SELECTED, "at most ", MAX_SELECTED, " selections a step, got ", n);
+    TORCH_CHECK(slots <= MAX_SLOTS, "at most ", MAX_SLOTS, " slots a layer, got ", slots);
+    TORCH_CHECK(stamp.numel() == slots, "stamp must have one entry per slot");
+    TORCH_CHECK(state.numel() >= STATE_FIELDS, "state must have ", STATE_FIELDS, " entries");
+    TORCH_CHECK(miss_expert.numel() >= n && miss_slot.numel() >= n, "miss lists must hold one step's selections");
+    TORCH_CHECK(table_gate.numel() == experts && table_up.numel() == experts && table_down.numel() == experts,
+                "pointer tables must have one entry per expert");
+    TORCH_CHECK(0 <= pinned && pinned <= slots, "pinned slots must lie in [0, slots]");
+    TORCH_CHECK(window >= 0 && slots - pinned >= window + n,
+                "unpinned slots (", slots - pinned, ") must hold the window (", window, ") and one step's selections (", n, ")");
+    TORCH_CHECK(slot_pool.is_cuda() && slot_pool.numel() * slot_pool.element_size() >= slots * slot_bytes,
+                "slot_pool must be a CUDA tensor of slots x slot_bytes bytes");
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+    Tables tables {
+        table_gate.data_ptr<int64_t>(), table_up.data_ptr<int64_t>(), table_down.data_ptr<int64_t>(),
+        offset_gate, offset_up, offset_down
+    };
+    lookup_kernel<<<1, LOOKUP_THREADS, 0, stream>>>(
+        selected.data_ptr<int64_t>(), n, experts, slots, (int) pinned, (int) window,
+        slot_of_expert.data_ptr<int>(), expert_of_slot.data_ptr<int>(), stamp.data_ptr<int64_t>(),
+        state.data_ptr<int64_t>(), miss_expert.data_ptr<int>(), miss_slot.data_ptr<int>(), miss_count.data_ptr<int>(),
+        tables, (uint8_t*) slot_pool.data_ptr(), slot_bytes
+    );
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void fetch
+(
+    const at::Tensor& miss_expert,
+    const at::Tensor& miss_slot,
+    const at::Tensor& miss_count,
+    const at::Tensor& state,
+    int64_t host_pool_device_address,
+    int64_t expert_bytes,
+    at::Tensor& slot_pool,
+    int64_t slot_bytes,
+    int64_t max_misses,
+    int64_t blocks_per_miss,
+    double gbytes_per_s
+)
+{
+    const at::cuda::OptionalCUDAGuard device_guard(slot_pool.device());
+    TORCH_CHECK(expert_bytes % 16 == 0 && slot_bytes % 16 == 0, "expert and slot sizes must be multiples of 16 bytes");
+    TORCH_CHECK(expert_bytes <= slot_bytes, "an expert must fit its slot");
+    TORCH_CHECK(host_pool_device_address % 16 == 0, "the host pool must be 16-byte aligned");
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+    dim3 grid((unsigned) blocks_per_miss, (unsigned) max_misses);
+    fetch_kernel<<<grid, 512, 0, stream>>>(
+        miss_expert.data_ptr<int>(), miss_slot.data_ptr<int>(), miss_count.data_ptr<int>(), state.data_ptr<int64_t>(),
+        (const uint8_t*) host_pool_device_address, expert_bytes, (uint8_t*) slot_pool.data_ptr(), slot_bytes,
+        gbytes_per_s  // GB/s == bytes/ns
+    );
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Page-locks an existing host buffer of exactly its size (no power-of-two rounding, unlike cudaHostAlloc
+// through torch's pinned allocator) and maps it into the device's address space; returns the device address.
+int64_t host_register(const at::Tensor& buffer)
+{
+    TORCH_CHECK(!buffer.is_cuda() && buffer.is_contiguous(), "host_register takes a contiguous CPU tensor");
+    void* ptr = buffer.data_ptr();
+    const size_t bytes = buffer.numel() * buffer.element_size();
+    cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    TORCH_CHECK(err == cudaSuccess, "cudaHostRegister(", bytes, " bytes): ", cudaGetErrorString(err));
+    void* device_ptr = nullptr;
+    err = cudaHostGetDevicePointer(&device_ptr, ptr, 0);
+    TORCH_CHECK(err == cudaSuccess, "cudaHostGetDevicePointer: ", cudaGetErrorString(err));
+    return (int64_t) device_ptr;
+}
+
+void host_unregister(const at::Tensor& buffer)
+{
+    cudaError_t err = cudaHostUnregister(buffer.data_ptr());
+    TORCH_CHECK(err == cudaSuccess, "cudaHostUnregister: ", cudaGetErrorString(err));
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    m.doc() = "glm53's GPU expert cache for ExLlamaV3's MoE kernels";
+    m.def("lookup", &lookup, "look one step's selections up, admit misses, rewrite the pointer tables");
+    m.def("fetch", &fetch, "copy the step's missed experts from mapped pinned host memory into their slots");
+    m.def("host_register", &host_register, "page-lock and map a CPU tensor; returns its device address");
+    m.def("host_unregister", &host_unregister, "undo host_register");
+    m.attr("STATE_FIELDS") = py::int_(STATE_FIELDS);
+    m.attr("STATE_STEP") = py::int_(STATE_STEP);
+    m.attr("STATE_HITS") = py::int_(STATE_HITS);
+    m.attr("STATE_MISSES") = py::int_(STATE_MISSES);
+    m.attr("STATE_OVERFLOW") = py::int_(STATE_OVERFLOW);
+}

@@ -1,0 +1,251 @@
+"""The GPU expert cache for ExLlamaV3 (`pkgs/exllamav3/expert-cache`): its sizing, its policy's reference
+replay, and the setting chosen from a routing trace.
+
+Per MoE layer the cache holds `pinned` of the layer's hottest experts for good, an LRU window of `window`
+experts and `staging` slots for one decode step's misses (top_k per sequence). A step looks its selections up
+in order; a hit refreshes its expert, a miss takes the lowest free slot and is copied in from pinned host
+memory; afterwards the window keeps its `window` most recent unpinned experts, recency ordered by (step,
+position in the step). That is the step model `glm53.plan.miss_ratio` scores by stack distance and
+`policies.pinned_lru_step_hits` replays, so the planner's simulator is the engine's policy: `replay_lookups`
+below is the lookup kernel written out step by step (the tests hold the two equal; on the GPU the kernel's
+per-layer counts equal the simulator's, `tools/exl3-expert-cache-bench.py`).
+
+    size_cache(facts, cache_bytes_per_gpu, gpus, pinned_fraction) -> CacheSize
+    choose_pinned_fraction(trace, size)                      -> PinnedChoice (recommend's pinned-LRU family)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from glm53.errors import BadInput
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from glm53.plan.checkpoint_facts import ModelFacts
+    from glm53.plan.recommend import Recommendation
+    from glm53.plan.traces import RoutingTrace
+
+# The recipe's policy: the hottest 20% of each layer's slots pinned (EXL3_PINNED_FRAC).
+RECIPE_PINNED_FRACTION = 0.2
+
+
+class CacheSize(BaseModel):
+    """One GPU's expert cache, per MoE layer it holds (layers split evenly over the GPUs, as ExLlamaV3's
+    layer split does); `slots` are the resident ones (pinned + window), `staging` one step's misses beside."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpus: int = Field(gt=0)
+    layers_per_gpu: int = Field(gt=0, description="MoE layers on the fullest GPU.")
+    experts: int = Field(gt=0, description="Routed experts per layer.")
+    slot_bytes: int = Field(gt=0, description="One expert's gate, up and down weights.")
+    slots: int = Field(ge=0, description="Resident slots per layer: pinned + window.")
+    pinned: int = Field(ge=0)
+    staging: int = Field(gt=0, description="Slots for one step's misses: top_k x sequences.")
+    cache_bytes_per_gpu: int = Field(ge=0, description="What the cache may take of one GPU.")
+    host_pool_bytes: int = Field(ge=0, description="Every routed expert once, page-locked: the miss source.")
+
+    @property
+    def window(self) -> int:
+        return self.slots - self.pinned
+
+    @property
+    def used_bytes_per_gpu(self) -> int:
+        return self.layers_per_gpu * (self.slots + self.staging) * self.slot_bytes
+
+    @property
+    def fraction(self) -> float:
+        """Resident slots as a share of the layer's experts (the planner's budget)."""
+        return self.slots / self.experts
+
+    def engine_args(self) -> dict[str, int]:
+        """What the lookup kernel is given per layer (`glm53_expert_cache.lookup`: pinned, window; the layer's
+        slot pool has pinned + window + staging slots)."""
+        return {"pinned": self.pinned, "window": self.window, "slots": self.slots + self.staging}
+
+
+def check_pinned_fraction(value: float, *, flag: str = "--pinned-fraction") -> float:
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise BadInput(
+            f"{flag} {value:g} is not a share of the slots",
+            hint=f"give a value from 0 (plain LRU) to 1 (every slot pinned), e.g. {flag} {RECIPE_PINNED_FRACTION}",
+        )
+    return value
+
+
+def size_cache(
+    facts: ModelFacts,
+    cache_bytes_per_gpu: int,
+    *,
+    gpus: int,
+    pinned_fraction: float = 0.0,
+    sequences: int = 1,
+    flag: str = "--cache-memory",
+) -> CacheSize:
+    """The most resident slots per layer that fit `cache_bytes_per_gpu` beside one step's staging, on the GPU
+    holding the most MoE layers; at most every expert of the layer."""
+    check_pinned_fraction(pinned_fraction)
+    if gpus < 1:
+        raise BadInput(f"--gpus {gpus} must be at least 1")
+    if sequences < 1:
+        raise BadInput(f"--max-num-seqs {sequences} must be at least 1")
+    layers = len(facts.moe_layers)
+    per_gpu = math.ceil(layers / gpus)
+    staging = min(facts.n_routed_experts, facts.num_experts_per_tok * sequences)
+    slot = facts.expert_bytes
+    slots = min(facts.n_routed_experts, cache_bytes_per_gpu // (per_gpu * slot) - staging)
+    if slots < 0:
+        need = per_gpu * staging * slot
+        raise BadInput(
+            f"{flag} {cache_bytes_per_gpu / 2**30:.2f} GiB does not fit the cache: {per_gpu} MoE layers a GPU x "
+            f"{staging} staging slots x {slot / 2**20:.2f} MiB need {need / 2**30:.2f} GiB before any resident slot",
+            hint=f"give {flag} at least {math.ceil(need / 2**30)}GiB, or more --gpus",
+        )
+    return CacheSize(
+        gpus=gpus,
+        layers_per_gpu=per_gpu,
+        experts=facts.n_routed_experts,
+        slot_bytes=slot,
+        slots=slots,
+        pinned=round(pinned_fraction * slots),
+        staging=staging,
+        cache_bytes_per_gpu=cache_bytes_per_gpu,
+        host_pool_bytes=layers * facts.n_routed_experts * slot,
+    )
+
+
+def check_trace_matches(trace: RoutingTrace, facts: ModelFacts, *, source: str) -> None:
+    """A routing capture of another model would plan slots for experts this one does not have."""
+    problems = []
+    if trace.experts != facts.n_routed_experts:
+        problems.append(f"{trace.experts} experts a layer, the model has {facts.n_routed_experts}")
+    if trace.top_k != facts.num_experts_per_tok:
+        problems.append(f"top-{trace.top_k} routing, the model routes top-{facts.num_experts_per_tok}")
+    foreign = sorted(set(trace.layers) - set(facts.moe_layers))
+    if foreign:
+        problems.append(f"layers {foreign[:5]} that are not MoE layers of the model")
+    if problems:
+        raise BadInput(
+            f"{source} is not a routing capture of {facts.name}: " + "; ".join(problems),
+            hint="capture the routing of this model (glm53 serve --capture-routing DIR), or synthesize one "
+            "(glm53 plan trace synth)",
+        )
+
+
+def replay_lookups(
+    routes: NDArray[np.integer], experts: int, ranking: Sequence[int], pinned: int, window: int
+) -> NDArray[np.int16]:
+    """One layer's (steps, top_k) selections through the lookup kernel's algorithm, step by step: hits per step.
+
+    Written as the kernel runs (expert_cache.cu, lookup_kernel), not as the stack-distance formula: a hit
+    refreshes its stamp (step * top_k + position), a miss is admitted with its stamp, then every unpinned
+    resident with `window` or more newer residents is freed.
+    """
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    steps, top_k = routes.shape
+    if pinned < 0 or window < 0 or pinned > experts:
+        raise BadInput(f"pinned {pinned} and window {window} must be non-negative, pinned at most {experts}")
+    pinned_set = {int(e) for e in ranking[:pinned]}
+    stamp: dict[int, int] = {}  # unpinned resident expert -> stamp
+    hits = np.zeros(steps, dtype=np.int16)
+    for step in range(steps):
+        for position, raw in enumerate(routes[step]):
+            expert = int(raw)
+            time = step * top_k + position
+            if expert in pinned_set:
+                hits[step] += 1
+            elif expert in stamp:
+                hits[step] += 1
+                stamp[expert] = time
+            else:
+                stamp[expert] = time
+        if len(stamp) > window:
+            ordered = sorted(stamp.values(), reverse=True)
+            keep_from = ordered[window - 1] if window else None
+            stamp = {e: t for e, t in stamp.items() if keep_from is not None and t >= keep_from}
+    return hits
+
+
+class PinnedChoice(BaseModel):
+    """The pinned share chosen for the cache on a trace, with the held-out hit rates behind it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pinned_fraction: float
+    label: str
+    scenarios: list[str]
+    hit_rates: list[float] = Field(description="The chosen setting's, per scenario.")
+    lru_hit_rates: list[float] = Field(description="Plain LRU's at the same slots, per scenario.")
+    recipe_hit_rates: list[float] = Field(description="The recipe's (20% pinned), per scenario.")
+    worst_gain_over_lru: float
+    learn_steps: int
+    layers_replayed: list[int]
+
+
+def choose_pinned_fraction(trace: RoutingTrace, size: CacheSize, *, seed: int = 0) -> PinnedChoice:
+    """The cache's policy is the recipe engine's pinned LRU, so its setting is `recommend`'s choice in that
+    family at the cache's resident slots: robust first over the stress scenarios, plain LRU among the
+    candidates (never more than a quarter point below it on any scenario)."""
+    from glm53.plan.recommend import RECIPE, recommend
+
+    recommendation = recommend(trace, size.fraction, engines=("vllm",), seed=seed)
+    choice = recommendation.engine("vllm")
+    return PinnedChoice(
+        pinned_fraction=choice.choice.pinned_fraction or 0.0,
+        label=choice.label,
+        scenarios=[row.scenario for row in choice.scores],
+        hit_rates=[row.hit_rate for row in choice.scores],
+        lru_hit_rates=[row.lru_hit_rate for row in choice.scores],
+        recipe_hit_rates=_family_rates(recommendation, trace, RECIPE.pinned_fraction or 0.0, seed),
+        worst_gain_over_lru=choice.worst_gain,
+        learn_steps=recommendation.learn_steps,
+        layers_replayed=recommendation.layers_replayed,
+    )
+
+
+def _family_rates(recommendation: Recommendation, trace: RoutingTrace, fraction: float, seed: int) -> list[float]:
+    """One pinned share's held-out hit rate on each of the recommendation's scenarios, replayed alike."""
+    from glm53.plan.recommend import layer_sample, pinned_family, subset
+    from glm53.plan.trace_shapes import stress_scenarios
+
+    sample = subset(trace, layer_sample(len(trace.layers)))
+    cut = recommendation.learn_steps
+    rates = []
+    for scenario in stress_scenarios(sample, seed, start=cut).values():
+        hits = pinned_family(scenario, recommendation.slots, cut, [fraction])[0]
+        rates.append(hits.total(cut) / ((scenario.steps - cut) * len(sample.layers) * sample.top_k))
+    return rates
+
+
+class CachePlan(BaseModel):
+    """`glm53 plan expert-cache`'s report."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    size: CacheSize
+    window: int
+    engine_args: dict[str, int]
+    choice: PinnedChoice | None = None
+    source: str | None = None
+
+
+__all__ = [
+    "RECIPE_PINNED_FRACTION",
+    "CachePlan",
+    "CacheSize",
+    "PinnedChoice",
+    "check_pinned_fraction",
+    "check_trace_matches",
+    "choose_pinned_fraction",
+    "replay_lookups",
+    "size_cache",
+]

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput
+from glm53.plan.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
+from glm53.plan.trace_shapes import stress_scenarios
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
     from glm53.plan.checkpoint_facts import ModelFacts
-    from glm53.plan.recommend import Recommendation
     from glm53.plan.traces import RoutingTrace
 
 # The recipe's policy: the hottest 20% of each layer's slots pinned (EXL3_PINNED_FRAC).
@@ -194,8 +195,6 @@ def choose_pinned_fraction(trace: RoutingTrace, size: CacheSize, *, seed: int = 
     """The cache's policy is the recipe engine's pinned LRU, so its setting is `recommend`'s choice in that
     family at the cache's resident slots: robust first over the stress scenarios, plain LRU among the
     candidates (never more than a quarter point below it on any scenario)."""
-    from glm53.plan.recommend import RECIPE, recommend
-
     recommendation = recommend(trace, size.fraction, engines=("vllm",), seed=seed)
     choice = recommendation.engine("vllm")
     return PinnedChoice(
@@ -213,9 +212,6 @@ def choose_pinned_fraction(trace: RoutingTrace, size: CacheSize, *, seed: int = 
 
 def _family_rates(recommendation: Recommendation, trace: RoutingTrace, fraction: float, seed: int) -> list[float]:
     """One pinned share's held-out hit rate on each of the recommendation's scenarios, replayed alike."""
-    from glm53.plan.recommend import layer_sample, pinned_family, subset
-    from glm53.plan.trace_shapes import stress_scenarios
-
     sample = subset(trace, layer_sample(len(trace.layers)))
     cut = recommendation.learn_steps
     rates = []

@@ -11,6 +11,7 @@ nixpkgs' `lib.evalModules` (tests/fixtures/nix/eval-module.nix)."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -65,6 +66,26 @@ class TestFlakeOutputs:
             # ExLlamaV3 with the lock's llguidance wheel, never nixpkgs' (1.2; the wheel requires >= 1.7.0).
             assert "python3.13-exllamav3-1.4.6.drv" in names and "llguidance.drv" not in names, output
             assert f"python3.13-llguidance-{LOCK.engine.tabbyapi.python['llguidance'].version}.drv" in names
+
+    def test_the_expert_cache_is_built_ahead_beside_exllamav3(self, nixpkgs: Path) -> None:
+        """glm53_expert_cache is compiled in the same derivation's postInstall, by the same script, from the
+        store copy of pkgs/exllamav3/expert-cache (the stand-in keeps postInstall among the inputs)."""
+        package = f"({flake(nixpkgs)}).packages.{SYSTEM}.exllamav3"
+        expr = f"builtins.filter builtins.isString {package}.drvAttrs.inputs"
+        result = _run(["nix", "eval", "--json", "--impure", "--expr", expr])
+        assert result.returncode == 0, result.stderr
+        install = next(text for text in json.loads(result.stdout) if "build_ext.py" in text)
+        built = re.search(
+            r"EXL3_EXTENSION_NAME=glm53_expert_cache \\\s+\S+ (/nix/store/\S+-build_ext\.py) "
+            r"(/nix/store/\S+-expert-cache) ",
+            install,
+        )
+        assert built is not None, install
+        assert Path(built.group(1)).read_bytes() == (ROOT / "pkgs/exllamav3/build_ext.py").read_bytes()
+        source = ROOT / "pkgs/exllamav3/expert-cache/expert_cache.cu"
+        assert (Path(built.group(2)) / "expert_cache.cu").read_bytes() == source.read_bytes()
+        checked = (ROOT / "pkgs/exllamav3/default.nix").read_text()
+        assert re.search(r'pythonImportsCheck = \[[^]]*"glm53_expert_cache"', checked)
 
     def test_tabbyapi_is_the_locked_source_and_its_environment(self, nixpkgs: Path) -> None:
         graph = derivations(instantiate(f"{flake(nixpkgs)}.packages.{SYSTEM}.tabbyapi"))

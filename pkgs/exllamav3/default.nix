@@ -117,6 +117,11 @@ buildPythonPackage {
     export MAX_JOBS=$NIX_BUILD_CORES
     site=$out/${torch.pythonModule.sitePackages}
     (cd "$NIX_BUILD_TOP" && ${torch.pythonModule.interpreter} ${./build_ext.py} "$site/exllamav3/exllamav3_ext" "$site")
+    # glm53's GPU expert cache (lookup and fetch kernels over the same pointer tables), the same way and
+    # flags, as its own module beside it; its own build folder, so no object of the first build is reused.
+    mkdir -p "$NIX_BUILD_TOP/expert-cache"
+    (cd "$NIX_BUILD_TOP/expert-cache" && EXL3_EXTENSION_NAME=glm53_expert_cache \
+      ${torch.pythonModule.interpreter} ${./build_ext.py} ${./expert-cache} "$site")
   '';
 
   # torch first (it loads libc10 and libtorch), then the module: loading it resolves every symbol
@@ -126,6 +131,7 @@ buildPythonPackage {
   pythonImportsCheck = [
     "torch"
     "exllamav3_ext"
+    "glm53_expert_cache"
   ];
 
   passthru = {

@@ -1,0 +1,122 @@
+"""The GPU expert cache on the recipe's 2x RTX 3090 rig, predicted from what the H200 measured.
+
+Inputs, each printed with its source:
+- the cache's per-step cost, from `benchmarks/data/expert-cache-h200.json` (tools/exl3-expert-cache-bench.py on
+  one H200, GLM-5.3-Flash's expert dimensions, ExLlamaV3 1.4.6's kernels): with the fetch paced to a PCIe 4.0
+  x16 link (25 GB/s), each layer-step took the all-resident time + misses x expert bytes / 25 GB/s + a fixed
+  overhead (lookup, stream fork and join), fitted here over every paced run; the fit's worst error is shown;
+- the slots per layer: `glm53 plan expert-cache` at the expert memory ExLlamaV3's planner leaves each 3090
+  (`glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090`: 1,848 resident experts' worth a GPU);
+- the hit rate: that cache replayed over a synthetic GLM-5.3-shaped trace (the real model's routing is not
+  public), plain LRU, the recipe's 20% pinned and a 0.4 share, held-out after the rankings' learning part;
+- the GPU time per token of the rest: `glm53.plan.cost_model` (every weight a token reads once at the share of
+  the 3090's 936 GB/s EXL3 kernels reach at batch 1, `GPU_KERNEL_EFFICIENCY`; layer split: the two GPUs run
+  one after the other, so only one PCIe link works at a time).
+
+    python benchmarks/bench_expert_cache_2x3090.py [--steps 20000] [--seed 0] [--locality 0.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from glm53.plan.checkpoint_facts import load_architecture
+from glm53.plan.cost_model import ASSUMED_GPU_MEMORY_BANDWIDTH, GPU_KERNEL_EFFICIENCY, build_cost_model
+from glm53.plan.engine_cost import PUBLISHED_RANGE
+from glm53.plan.expert_cache import size_cache
+from glm53.plan.kv_budget import derive_kv
+from glm53.plan.miss_ratio import rank_experts
+from glm53.plan.policies import pinned_lru_step_hits
+from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
+
+MEASURED = Path(__file__).parent / "data" / "expert-cache-h200.json"
+PCIE4 = 25e9
+# `glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090 --json`: gpus[].expert_bytes (1,848 experts a GPU).
+EXPERT_BUDGET_PER_3090 = 17_508_062_880
+PEERS = {
+    "llama.cpp forks with a GPU expert cache, 2x3090 (UD-IQ3_XXS)": "17-22",
+    "ExLlamaV3 + patches, one 3090, exact": "12.6",
+    "ExLlamaV3 1.4.6 stock split, predicted by `glm53 plan host --profile exl3-2x3090` (its own GPU model)": "18.8",
+}
+
+
+def fitted_overhead(report: dict) -> tuple[float, float, float]:
+    """(resident seconds a layer-step, fixed overhead a layer-step, worst relative error of the fit) over the
+    paced runs: time = resident + overhead + misses x bytes / 25 GB/s."""
+    args, runs = report["args"], report["runs"]
+    per = args["steps"] * args["layers"]
+    resident = runs["resident/graph"]["seconds"] / per
+    paced = [run for label, run in runs.items() if label.endswith("-pcie4")]
+    moved = [sum(run["misses"]) / per * report["expert_bytes"] / PCIE4 for run in paced]
+    measured = [run["seconds"] / per for run in paced]
+    overhead = float(np.mean([t - resident - m for t, m in zip(measured, moved, strict=True)]))
+    worst = max(abs(resident + overhead + m - t) / t for t, m in zip(measured, moved, strict=True))
+    return resident, overhead, worst
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--locality", type=float, default=0.3)
+    args = parser.parse_args()
+    console = Console(width=130)
+    report = json.loads(MEASURED.read_text())
+    resident, overhead, worst = fitted_overhead(report)
+    model = load_architecture()
+    size = size_cache(model, EXPERT_BUDGET_PER_3090, gpus=2)
+    cost = build_cost_model(
+        model,
+        derive_kv(model, 1),
+        tensor_parallel_size=1,
+        gpu_memory_bandwidth=ASSUMED_GPU_MEMORY_BANDWIDTH * GPU_KERNEL_EFFICIENCY,
+    )
+    trace = synthesize_trace(SyntheticTraceSpec(steps=args.steps, seed=args.seed, locality=args.locality))
+    cut = trace.steps // 5
+    rankings = np.stack([rank_experts(row) for row in trace.slice(0, cut).counts()])
+    layers = len(trace.layers)
+    lookups = trace.top_k * layers
+
+    table = Table(title=f"GPU expert cache on 2x RTX 3090: {size.slots} slots a layer + {size.staging} staging")
+    for column in ("policy", "held-out hit rate", "GB over PCIe a token", "tok/s predicted"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for label, share in (("plain LRU", 0.0), ("recipe: 20% pinned", 0.2), ("40% pinned", 0.4)):
+        pinned = round(share * size.slots)
+        hits = pinned_lru_step_hits(
+            trace.routes, trace.experts, rankings, [pinned] * layers, [size.slots - pinned] * layers
+        )
+        rate = hits.total(cut) / ((trace.steps - cut) * lookups)
+        moved = (1 - rate) * lookups * model.expert_bytes
+        seconds = cost.gpu_seconds_per_token + layers * overhead + moved / PCIE4
+        table.add_row(label, f"{rate:.1%}", f"{moved / 1e9:.2f}", f"{1 / seconds:.1f}")
+    console.print(table)
+    for hit_rate in (0.67, 0.83):
+        moved = (1 - hit_rate) * lookups * model.expert_bytes
+        seconds = cost.gpu_seconds_per_token + layers * overhead + moved / PCIE4
+        console.print(f"at {hit_rate:.0%} hits: {1 / seconds:.1f} tok/s")
+    low, high = PUBLISHED_RANGE
+    console.print(f"the recipe (vendor vLLM, TP 2, both links at once, CPU tier): {low}-{high} tok/s published")
+    for peer, rate_text in PEERS.items():
+        console.print(f"peer: {peer}: {rate_text} tok/s")
+    console.print(
+        f"measured on {report['device']}: resident {resident * 1e3:.3f} ms a layer-step, cache overhead "
+        f"{overhead * 1e3:.3f} ms a layer-step (fit's worst error {worst:.1%} over the paced runs); "
+        f"copy engine pinned {report['copy']['copy_engine_pinned_gbps']:.1f} GB/s, pageable "
+        f"{report['copy']['copy_engine_pageable_gbps']:.1f} GB/s, SM fetch over mapped memory "
+        f"{report['copy']['sm_fetch_mapped_gbps']:.1f} GB/s, "
+        f"paced {report['copy']['sm_fetch_pcie4_paced_gbps']:.1f} GB/s"
+    )
+    console.print(f"GPU time of the rest: {cost.gpu_seconds_per_token * 1e3:.1f} ms a token ({cost.gpu_note})")
+    console.print(f"hit rates: synthetic trace, locality {args.locality}, seed {args.seed}, learn {cut:,} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

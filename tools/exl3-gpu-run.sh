@@ -4,7 +4,7 @@
 # and measure it with `glm53 bench run`. Each stage writes its log and results under OUT.
 #
 #   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build build-cache fixture diag check serve routing sweep-cost
-#                                                 cache-bench
+#                                                 cache-bench cache-generate
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
@@ -18,7 +18,8 @@
 # Stage sweep-cost times the engine's own sweep over 1 to 42 layers of 16 to 256 experts (OUT/sweep-cost.json);
 # it needs only setup and build. Stage build-cache compiles glm53's GPU expert cache (pkgs/exllamav3/expert-cache)
 # into glm53_expert_cache beside exllamav3_ext; stage cache-bench (setup, build, build-cache) runs
-# tools/exl3-expert-cache-bench.py at GLM-5.3-Flash's dimensions into OUT/expert-cache.json (CACHE_ARGS: its options).
+# tools/exl3-expert-cache-bench.py at GLM-5.3-Flash's dimensions into OUT/expert-cache.json (CACHE_ARGS: its options);
+# stage cache-generate (after fixture) generates with the cache inside ExLlamaV3's forward (OUT/cache-generate.json).
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -63,6 +64,12 @@ for stage in "$@"; do
     timeout ${CACHE_TIMEOUT:-420} python3 "$root/tools/exl3-expert-cache-bench.py" --out "$out/expert-cache.json" ${CACHE_ARGS:-} 2>&1 |
       tee "$out/cache-bench.log" | cut -c1-400
     echo "cache-bench rc=${PIPESTATUS[0]}"
+    ;;
+  cache-generate)
+    stamp cache-generate
+    timeout ${CACHE_TIMEOUT:-300} python3 "$root/tools/exl3-cache-generate.py" --model "$model" --out "$out/cache-generate.json" \
+      ${CACHE_ARGS:-} 2>&1 | tee "$out/cache-generate.log" | tail -30 | cut -c1-1500
+    echo "cache-generate rc=${PIPESTATUS[0]}"
     ;;
   fixture)
     stamp fixture

@@ -45,6 +45,11 @@ struct Tables
     int64_t* gate;
     int64_t* up;
     int64_t* down;
+    // Where a freed expert's entries go back to (null: left as they are). While an engine keeps another
+    // copy of every expert, paths that bypass the lookup (prefill's exl3_moe) then read that copy.
+    const int64_t* home_gate;
+    const int64_t* home_up;
+    const int64_t* home_down;
     int64_t offset_gate;
     int64_t offset_up;
     int64_t offset_down;
@@ -143,8 +148,15 @@ __global__ void lookup_kernel
         for (int s = pinned + threadIdx.x; s < slots; s += blockDim.x)
         {
             if (!evict[s]) continue;
-            slot_of_expert[expert_of_slot[s]] = -1;
+            const int e = expert_of_slot[s];
+            slot_of_expert[e] = -1;
             expert_of_slot[s] = -1;
+            if (tables.home_gate)
+            {
+                tables.gate[e] = tables.home_gate[e];
+                tables.up[e] = tables.home_up[e];
+                tables.down[e] = tables.home_down[e];
+            }
         }
     }
     __syncthreads();
@@ -228,7 +240,10 @@ void lookup
     const at::Tensor& slot_pool,
     int64_t slot_bytes,
     int64_t pinned,
-    int64_t window
+    int64_t window,
+    const c10::optional<at::Tensor>& home_gate,
+    const c10::optional<at::Tensor>& home_up,
+    const c10::optional<at::Tensor>& home_down
 )
 {
     const at::cuda::OptionalCUDAGuard device_guard(selected.device());
@@ -259,8 +274,21 @@ void lookup
     TORCH_CHECK(slot_pool.is_cuda() && slot_pool.numel() * slot_pool.element_size() >= slots * slot_bytes,
                 "slot_pool must be a CUDA tensor of slots x slot_bytes bytes");
     cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+    const bool home = home_gate.has_value();
+    TORCH_CHECK(home == home_up.has_value() && home == home_down.has_value(), "give all three home tables or none");
+    if (home)
+    {
+        for (const at::Tensor* t : {&home_gate.value(), &home_up.value(), &home_down.value()})
+        {
+            check_i64(*t, "home tables");
+            TORCH_CHECK(t->numel() == experts, "home tables must have one entry per expert");
+        }
+    }
     Tables tables {
         table_gate.data_ptr<int64_t>(), table_up.data_ptr<int64_t>(), table_down.data_ptr<int64_t>(),
+        home ? home_gate.value().data_ptr<int64_t>() : nullptr,
+        home ? home_up.value().data_ptr<int64_t>() : nullptr,
+        home ? home_down.value().data_ptr<int64_t>() : nullptr,
         offset_gate, offset_up, offset_down
     };
     lookup_kernel<<<1, LOOKUP_THREADS, 0, stream>>>(
@@ -325,7 +353,12 @@ void host_unregister(const at::Tensor& buffer)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
     m.doc() = "glm53's GPU expert cache for ExLlamaV3's MoE kernels";
-    m.def("lookup", &lookup, "look one step's selections up, admit misses, rewrite the pointer tables");
+    m.def("lookup", &lookup, "look one step's selections up, admit misses, rewrite the pointer tables",
+          py::arg("selected"), py::arg("slot_of_expert"), py::arg("expert_of_slot"), py::arg("stamp"), py::arg("state"),
+          py::arg("miss_expert"), py::arg("miss_slot"), py::arg("miss_count"), py::arg("table_gate"), py::arg("table_up"),
+          py::arg("table_down"), py::arg("offset_gate"), py::arg("offset_up"), py::arg("offset_down"), py::arg("slot_pool"),
+          py::arg("slot_bytes"), py::arg("pinned"), py::arg("window"), py::arg("home_gate") = py::none(),
+          py::arg("home_up") = py::none(), py::arg("home_down") = py::none());
     m.def("fetch", &fetch, "copy the step's missed experts from mapped pinned host memory into their slots");
     m.def("host_register", &host_register, "page-lock and map a CPU tensor; returns its device address");
     m.def("host_unregister", &host_unregister, "undo host_register");

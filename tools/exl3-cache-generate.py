@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""The GPU expert cache inside ExLlamaV3 1.4.6's own forward: generate with and without it, compare, count.
+
+Each MoE layer's `routing_fn` is wrapped (as glm53.serve.exl3_routing records routing) so that after the
+router picks a one-token pass's experts, `glm53_expert_cache.lookup` rewrites the layer's live pointer tables
+(`multi_gate/up/down.ptrs_trellis`, which the BC_BlockSparseMLP graphs read) and `fetch` copies the misses
+from the layer's page-locked host pool into its slots on a promotion stream, joined before the experts run.
+The engine's kernels are unchanged.
+
+ExLlamaV3 still loads every expert to the GPU here: the loader is not changed, so this checks exactness and
+hit counts inside the real engine, not VRAM saved. Freed experts' table entries go back to those resident
+copies (the lookup's home tables), which prefill (`exl3_moe`, `run_single_expert`) reads without a lookup.
+
+Runs: the same greedy jobs stock (twice: the first fills the page cache's prefix reuse), then with the cache
+(pinned hottest by the stock run's counts + LRU window + one step's staging). Checked: every generated token
+and every routed id equal the stock run's, and each layer's hit count equals glm53's simulator
+(`policies.pinned_lru_step_hits`) on the decode steps the run routed. Writes --out (JSON); exit 0 when all hold.
+
+Needs a CUDA machine with ExLlamaV3 1.4.6 and both extensions built (tools/exl3-gpu-run.sh build build-cache),
+glm53 on PYTHONPATH. Usage: python3 tools/exl3-cache-generate.py --model DIR --out FILE [--window 4] [--pinned 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--window", type=int, default=4)
+    parser.add_argument("--pinned", type=int, default=2)
+    parser.add_argument("--cache-tokens", type=int, default=4096)
+    args = parser.parse_args()
+
+    import glm53_expert_cache as cache_ext
+    import numpy as np
+    import torch
+    from exllamav3 import Cache, Config, Generator, Model, Tokenizer
+    from exllamav3.generator import Job
+    from exllamav3.generator.sampler import ArgmaxSampler
+    from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
+
+    from glm53.plan.policies import pinned_lru_step_hits
+
+    layers: list[Any] = []
+    original_init = BlockSparseMLP.__init__
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        original_init(self, *a, **k)
+        routing_fn = getattr(self, "routing_fn", None)
+        if routing_fn is None:
+            return
+        layers.append(self)
+        self.glm53_decode_routes = []
+        self.glm53_cache = None
+
+        def routed(bsz: Any, cfg: Any, y: Any, params: dict[str, Any]) -> Any:
+            selected, weights = routing_fn(bsz, cfg, y, params)
+            if params.get("autosplit_measure") or selected.shape[0] != 1:
+                return selected, weights
+            if self.glm53_cache is not None:
+                self.glm53_cache.resolve(selected)
+            self.glm53_decode_routes.append(selected.view(-1).tolist())  # a sync a layer: fine for a check
+            return selected, weights
+
+        self.routing_fn = routed
+
+    BlockSparseMLP.__init__ = init  # type: ignore[method-assign]
+
+    class LayerCache:
+        def __init__(self, mlp: Any, ranking: list[int]) -> None:
+            self.mlp = mlp
+            experts, top_k = int(mlp.num_experts), int(mlp.num_experts_per_tok)
+            gate, up, down = (m.linears for m in (mlp.multi_gate, mlp.multi_up, mlp.multi_down))
+            parts = [gate[0].inner.trellis, up[0].inner.trellis, down[0].inner.trellis]
+            sizes = [t.numel() * t.element_size() for t in parts]
+            self.offsets = [0, sizes[0], sizes[0] + sizes[1]]
+            self.slot_bytes = sum(sizes)
+            device = parts[0].device
+            self.pinned, self.window = args.pinned, args.window
+            slots = self.pinned + self.window + top_k
+            self.tables = [mlp.multi_gate.ptrs_trellis, mlp.multi_up.ptrs_trellis, mlp.multi_down.ptrs_trellis]
+            self.home = [t.clone() for t in self.tables]
+            # the host pool: every expert once, gate|up|down, exact size, page-locked and mapped
+            self.host = torch.empty((experts, self.slot_bytes), dtype=torch.uint8)
+            for e in range(experts):
+                row = [gate[e].inner.trellis, up[e].inner.trellis, down[e].inner.trellis]
+                self.host[e].copy_(torch.cat([t.contiguous().view(torch.uint8).flatten() for t in row]).cpu())
+            self.host_addr = cache_ext.host_register(self.host)
+            self.pool = torch.empty((slots, self.slot_bytes), dtype=torch.uint8, device=device)
+            self.slot_of = torch.full((experts,), -1, dtype=torch.int32, device=device)
+            self.expert_of = torch.full((slots,), -1, dtype=torch.int32, device=device)
+            self.stamp = torch.full((slots,), -1, dtype=torch.long, device=device)
+            self.state = torch.zeros(8, dtype=torch.long, device=device)
+            self.miss_e = torch.zeros(top_k, dtype=torch.int32, device=device)
+            self.miss_s = torch.zeros(top_k, dtype=torch.int32, device=device)
+            self.miss_n = torch.zeros(1, dtype=torch.int32, device=device)
+            self.top_k = top_k
+            self.stream = torch.cuda.Stream(device)
+            for slot, expert in enumerate(ranking[: self.pinned]):
+                self.pool[slot].copy_(self.host[expert].to(device))
+                self.slot_of[expert] = slot
+                self.expert_of[slot] = expert
+                for table, off in zip(self.tables, self.offsets, strict=True):
+                    table[expert] = self.pool.data_ptr() + slot * self.slot_bytes + off
+
+        def resolve(self, selected: Any) -> None:
+            sel = selected.contiguous()
+            cache_ext.lookup(
+                sel, self.slot_of, self.expert_of, self.stamp, self.state, self.miss_e, self.miss_s, self.miss_n,
+                *self.tables, *self.offsets, self.pool, self.slot_bytes, self.pinned, self.window, *self.home,
+            )  # fmt: skip
+            main = torch.cuda.current_stream()
+            self.stream.wait_stream(main)
+            with torch.cuda.stream(self.stream):
+                cache_ext.fetch(
+                    self.miss_e, self.miss_s, self.miss_n, self.state, self.host_addr, self.slot_bytes, self.pool,
+                    self.slot_bytes, self.top_k, 8, 0.0,
+                )  # fmt: skip
+            main.wait_stream(self.stream)
+
+    started = time.perf_counter()
+    config = Config.from_directory(args.model)
+    model = Model.from_config(config)
+    cache = Cache(model, max_num_tokens=args.cache_tokens)
+    model.load()
+    print(f"loaded in {time.perf_counter() - started:.1f} s, {len(layers)} MoE layers", flush=True)
+    missing = [m.key for m in layers if m.multi_gate is None or m.multi_up is None or m.multi_down is None]
+    if not layers or missing:
+        print(f"no pointer tables to cache on: {missing or 'no MoE layers'} (an EXL3 model is needed)", flush=True)
+        return 3
+    generator = Generator(model=model, cache=cache, tokenizer=Tokenizer.from_config(config))
+    vocab = int(
+        json.loads((Path(args.model) / "config.json").read_text()).get("text_config", {}).get("vocab_size", 512)
+    )
+
+    def generate() -> tuple[list[list[int]], float]:
+        rng = torch.Generator().manual_seed(5)
+        tokens: list[list[int]] = []
+        t0 = time.perf_counter()
+        for index in range(args.jobs):
+            prompt = torch.randint(2, max(3, vocab - 16), (1, args.prompt), generator=rng)
+            generator.enqueue(
+                Job(
+                    input_ids=prompt, max_new_tokens=args.new, min_new_tokens=args.new, sampler=ArgmaxSampler(),
+                    stop_conditions=[], identifier=index,
+                )
+            )  # fmt: skip
+            out: list[int] = []
+            while generator.num_remaining_jobs():
+                for result in generator.iterate():
+                    if result.get("stage") == "streaming" and "token_ids" in result:
+                        out += result["token_ids"].view(-1).tolist()
+            tokens.append(out)
+        torch.cuda.synchronize()
+        return tokens, time.perf_counter() - t0
+
+    # A first stock run fills the generator's page cache (prefix reuse): the two compared runs then see the same.
+    generate()
+    for m in layers:
+        m.glm53_decode_routes = []
+    stock_tokens, stock_s = generate()
+    stock_routes = [list(m.glm53_decode_routes) for m in layers]
+    report: dict[str, Any] = {"args": vars(args), "device": torch.cuda.get_device_name(), "layers": len(layers)}
+    counts = [
+        np.bincount(np.array(r).ravel(), minlength=int(m.num_experts))
+        for r, m in zip(stock_routes, layers, strict=True)
+    ]
+    rankings = [np.argsort(-c, kind="stable") for c in counts]
+    for m, ranking in zip(layers, rankings, strict=True):
+        m.glm53_decode_routes = []
+        m.glm53_cache = LayerCache(m, ranking.tolist())
+    cached_tokens, cached_s = generate()
+    cached_routes = [list(m.glm53_decode_routes) for m in layers]
+    hits = [int(m.glm53_cache.state[cache_ext.STATE_HITS].item()) for m in layers]
+    misses = [int(m.glm53_cache.state[cache_ext.STATE_MISSES].item()) for m in layers]
+    overflow = [int(m.glm53_cache.state[cache_ext.STATE_OVERFLOW].item()) for m in layers]
+    routes = np.array(cached_routes, dtype=np.int64).transpose(1, 0, 2)  # (steps, layers, top_k)
+    experts = int(layers[0].num_experts)
+    simulated = pinned_lru_step_hits(
+        routes, experts, np.stack(rankings), [args.pinned] * len(layers), [args.window] * len(layers)
+    ).hits.sum(axis=0)
+    report.update(
+        {
+            "decode_steps": int(routes.shape[0]),
+            "tokens_equal": stock_tokens == cached_tokens,
+            "routes_equal": stock_routes == cached_routes,
+            "generated_tokens": sum(len(t) for t in cached_tokens),
+            "hits": hits,
+            "misses": misses,
+            "overflow": overflow,
+            "simulated_hits": simulated.tolist(),
+            "hits_equal_simulator": hits == simulated.tolist(),
+            "hit_rate": sum(hits) / max(1, sum(hits) + sum(misses)),
+            "stock_seconds": stock_s,
+            "cached_seconds": cached_s,
+        }
+    )
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k != "args"}), flush=True)
+    ok = report["tokens_equal"] and report["routes_equal"] and report["hits_equal_simulator"] and not any(overflow)
+    print("CACHE IN THE ENGINE: EXACT AND EQUAL TO THE SIMULATOR" if ok else "MISMATCH", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,10 +11,12 @@ ExLlamaV3 still loads every expert to the GPU here: the loader is not changed, s
 hit counts inside the real engine, not VRAM saved. Freed experts' table entries go back to those resident
 copies (the lookup's home tables), which prefill (`exl3_moe`, `run_single_expert`) reads without a lookup.
 
-Runs: the same greedy jobs stock (twice: the first fills the page cache's prefix reuse), then with the cache
-(pinned hottest by the stock run's counts + LRU window + one step's staging). Checked: every generated token
-and every routed id equal the stock run's, and each layer's hit count equals glm53's simulator
-(`policies.pinned_lru_step_hits`) on the decode steps the run routed. Writes --out (JSON); exit 0 when all hold.
+Runs: the same greedy jobs stock three times (the first fills the page cache's prefix reuse; the third says
+whether the stock engine repeats itself), then with the cache (pinned hottest by the stock run's counts + LRU
+window + one step's staging). Checked: each layer's hit count equals glm53's simulator
+(`policies.pinned_lru_step_hits`) on the decode steps the run routed, every resident slot holds its expert's
+bytes, and, where two stock runs agree, every generated token and routed id equal the stock run's. Writes
+--out (JSON); exit 0 when all hold.
 
 Needs a CUDA machine with ExLlamaV3 1.4.6 and both extensions built (tools/exl3-gpu-run.sh build build-cache),
 glm53 on PYTHONPATH. Usage: python3 tools/exl3-cache-generate.py --model DIR --out FILE [--window 4] [--pinned 2]
@@ -23,6 +25,7 @@ glm53 on PYTHONPATH. Usage: python3 tools/exl3-cache-generate.py --model DIR --o
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -42,7 +45,6 @@ def main() -> int:
     parser.add_argument("--cache-tokens", type=int, default=4096)
     args = parser.parse_args()
 
-    import glm53_expert_cache as cache_ext
     import numpy as np
     import torch
     from exllamav3 import Cache, Config, Generator, Model, Tokenizer
@@ -51,6 +53,9 @@ def main() -> int:
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
     from glm53.plan.policies import pinned_lru_step_hits
+
+    # after torch, whose libraries the module links against
+    cache_ext = importlib.import_module("glm53_expert_cache")
 
     layers: list[Any] = []
     original_init = BlockSparseMLP.__init__
@@ -166,20 +171,26 @@ def main() -> int:
         return tokens, time.perf_counter() - t0
 
     # A first stock run fills the generator's page cache (prefix reuse): the two compared runs then see the same.
-    generate()
+    warm_tokens, _ = generate()
+    warm_routes = [list(m.glm53_decode_routes) for m in layers]
     for m in layers:
         m.glm53_decode_routes = []
     stock_tokens, stock_s = generate()
     stock_routes = [list(m.glm53_decode_routes) for m in layers]
+    for m in layers:
+        m.glm53_decode_routes = []
+    again_tokens, _ = generate()
+    again_routes = [list(m.glm53_decode_routes) for m in layers]
     report: dict[str, Any] = {"args": vars(args), "device": torch.cuda.get_device_name(), "layers": len(layers)}
     counts = [
         np.bincount(np.array(r).ravel(), minlength=int(m.num_experts))
         for r, m in zip(stock_routes, layers, strict=True)
     ]
     rankings = [np.argsort(-c, kind="stable") for c in counts]
-    for m, ranking in zip(layers, rankings, strict=True):
-        m.glm53_decode_routes = []
-        m.glm53_cache = LayerCache(m, ranking.tolist())
+    with torch.inference_mode():  # the engine's tables are inference tensors
+        for m, ranking in zip(layers, rankings, strict=True):
+            m.glm53_decode_routes = []
+            m.glm53_cache = LayerCache(m, ranking.tolist())
     cached_tokens, cached_s = generate()
     cached_routes = [list(m.glm53_decode_routes) for m in layers]
     hits = [int(m.glm53_cache.state[cache_ext.STATE_HITS].item()) for m in layers]
@@ -190,8 +201,35 @@ def main() -> int:
     simulated = pinned_lru_step_hits(
         routes, experts, np.stack(rankings), [args.pinned] * len(layers), [args.window] * len(layers)
     ).hits.sum(axis=0)
+
+    def first_difference(a: list[list[Any]], b: list[list[Any]]) -> list[int] | None:
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            for j, (u, v) in enumerate(zip(x, y, strict=False)):
+                if u != v:
+                    return [i, j]
+            if len(x) != len(y):
+                return [i, min(len(x), len(y))]
+        return None
+
+    # every resident slot holds its expert's bytes (the fetch's copies, checked after the run)
+    slots_exact = True
+    for m in layers:
+        c = m.glm53_cache
+        for slot, expert in enumerate(c.expert_of.tolist()):
+            if expert >= 0:
+                slots_exact &= bool(torch.equal(c.pool[slot].cpu(), c.host[expert]))
     report.update(
         {
+            "stock_repeatable_tokens": warm_tokens == stock_tokens,
+            "stock_again_tokens": again_tokens == stock_tokens,
+            "stock_again_routes": again_routes == stock_routes,
+            "first_stock_difference": first_difference(stock_tokens, again_tokens),
+            "first_warm_difference": first_difference(warm_tokens, stock_tokens),
+            "stock_repeatable_routes": warm_routes == stock_routes,
+            "first_token_difference": first_difference(stock_tokens, cached_tokens),
+            "first_route_difference": first_difference(stock_routes, cached_routes),
+            "route_steps": [len(r) for r in stock_routes] + [len(r) for r in cached_routes],
+            "slots_hold_their_experts": slots_exact,
             "decode_steps": int(routes.shape[0]),
             "tokens_equal": stock_tokens == cached_tokens,
             "routes_equal": stock_routes == cached_routes,
@@ -208,8 +246,12 @@ def main() -> int:
     )
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps({k: v for k, v in report.items() if k != "args"}), flush=True)
-    ok = report["tokens_equal"] and report["routes_equal"] and report["hits_equal_simulator"] and not any(overflow)
-    print("CACHE IN THE ENGINE: EXACT AND EQUAL TO THE SIMULATOR" if ok else "MISMATCH", flush=True)
+    # Token equality with the stock run is a test only where the stock engine repeats itself: on the H200 two
+    # stock runs of the fixture already differ (first at job 0, token 21), so it is reported, not required.
+    ok = report["hits_equal_simulator"] and report["slots_hold_their_experts"] and not any(overflow)
+    if report["stock_again_tokens"]:
+        ok = ok and report["tokens_equal"] and report["routes_equal"]
+    print("CACHE IN THE ENGINE: HITS EQUAL TO THE SIMULATOR" if ok else "MISMATCH", flush=True)
     return 0 if ok else 1
 
 

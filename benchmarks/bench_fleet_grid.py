@@ -33,9 +33,9 @@ def _spread(median: float, low: float, high: float, fmt: str) -> str:
 
 
 MARKDOWN_HEAD = [
-    "| users | turns/min | policy | boxes | per seed | p95 s | pace, turns/min | consistent_hash (per seed) "
-    "| cache_aware | round_robin | power_of_two | random |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "| users | turns/min | policy | boxes | per seed | decided by | p95 s | pace, turns/min "
+    "| consistent_hash (per seed) | cache_aware | round_robin | power_of_two | random |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -57,10 +57,13 @@ def _markdown_row(plan: Plan) -> str:
 
     head = f"| {plan.inputs.users} | {plan.inputs.turns_per_min:g} "
     if best is None or best.chosen is None or best.boxes_spread is None:
-        return head + "| none |" + " |" * 10
+        return head + f"| none: {plan.reason} |" + " |" * 11
     c = best.chosen
+    decided = "pace" if best.decided_by == "pace" else "p95"
+    if best.decided_by == "pace":
+        decided += f" (p95 alone: {best.p95_only_boxes})"
     return (
-        head + f"| {best.label} | **{best.boxes}** | {_s(best.boxes_spread, 'g')} | {_s(c.p95_s, '.1f')} "
+        head + f"| {best.label} | **{best.boxes}** | {_s(best.boxes_spread, 'g')} | {decided} | {_s(c.p95_s, '.1f')} "
         f"| {_s(c.pace_turns_per_min, '.2f')} | {other('consistent_hash', per_seed=True)} | "
         + " | ".join(other(label) for label in ("cache_aware", "round_robin", "power_of_two", "random"))
         + " |"

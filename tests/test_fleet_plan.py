@@ -148,7 +148,65 @@ def test_the_answer_holds_for_every_seed_and_shows_its_spread() -> None:
     assert rows[plan.boxes].meets and rows[plan.boxes].seeds_meeting == 4 and rows[plan.boxes].p95_s.high <= 60
     if plan.boxes > 1:
         assert not rows[plan.boxes - 1].meets  # one box fewer misses for some seed
-    assert 0 < rows[plan.boxes].pace_turns_per_min.median < 2
+    assert rows[plan.boxes].pace_turns_per_min.low >= 0.9 * 2  # the pace target holds on every seed
+
+
+def test_twenty_users_at_two_turns_a_minute_get_the_pace_and_the_p95() -> None:
+    """The defaults (10 seeds, 4,000 turns): on every seed users get >= 1.8 turns/min and p95 <= 60 s."""
+    plan = plan_fleet(PlanInputs(users=20, turns_per_min=2))
+    assert plan.meets and plan.boxes is not None
+    # the pace asked is kept when answers take their unloaded time: think = 60/R - an unloaded turn
+    assert plan.think_s == pytest.approx(30.0 - plan.mean_service_s)
+    assert plan.pace_target_turns_per_min == pytest.approx(1.8) and plan.pace_note is None
+    (policy,) = plan.policies
+    rows = {c.boxes: c for c in policy.candidates}
+    answer = rows[plan.boxes]
+    assert answer.pace_turns_per_min.low >= 1.8 and answer.p95_s.high <= 60
+    assert answer.seeds_meeting == 10 and answer.p95_meets and answer.pace_meets
+    # the p95 alone is met by far fewer boxes: the pace decided the answer, and one box fewer misses it
+    assert policy.decided_by == "pace" and policy.p95_only_boxes is not None and policy.p95_only_boxes < plan.boxes
+    assert rows[plan.boxes - 1].p95_meets and not rows[plan.boxes - 1].pace_meets
+
+
+def test_a_loose_pace_leaves_the_p95_to_decide() -> None:
+    plan = plan_fleet(PlanInputs(users=12, turns_per_min=1, min_pace=0.3, p95_seconds=30, seeds=3, turns=800))
+    (policy,) = plan.policies
+    assert plan.meets and policy.decided_by == "p95" and policy.p95_only_boxes == plan.boxes
+
+
+def test_a_pace_beyond_an_idle_fleet_is_said_and_planned_at_what_can_be_reached() -> None:
+    # a turn alone takes about 13.6 s: 4.5 a minute cannot be kept, but 90% of it (4.05) can
+    plan = plan_fleet(PlanInputs(users=4, turns_per_min=4.5, seeds=2, turns=600))
+    assert plan.think_s == 0.0
+    assert plan.pace_note is not None and "even an idle fleet gives a user at most 4." in plan.pace_note
+    assert plan.meets
+    result = fleet("plan", "--users", "4", "--turns-per-min", "4.5", "--seeds", "2", "--turns", "600")
+    assert result.code == 0 and "note:" in result.stdout
+
+
+def test_a_pace_no_fleet_can_give_is_exit_1_with_the_pace_that_can() -> None:
+    result = fleet("plan", "--users", "4", "--turns-per-min", "6", "--json")
+    assert result.code == 1
+    data = json.loads(result.stdout)
+    assert data["meets"] is False and data["policies"] == []
+    assert "even an idle fleet gives a user at most 4." in result.stderr
+    assert "(--min-pace); ask for at most 4." in result.stderr
+
+
+def test_a_rate_beyond_the_search_bound_names_max_boxes() -> None:
+    result = fleet("plan", "--users", "80", "--turns-per-min", "2", "--max-boxes", "4", "--seeds", "2",
+                   "--turns", "600")  # fmt: skip
+    assert result.code == 1
+    assert "no box count up to 4 meets" in result.stderr and "--max-boxes allows (raise it)" in result.stderr
+
+
+def test_the_table_marks_the_target_that_decided(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    result = fleet("plan", "--users", "20", "--turns-per-min", "2", "--seeds", "2", "--turns", "800")
+    assert result.code == 0, result.stderr
+    assert "pace turns/min*" in result.stdout and "p95 s*" not in result.stdout
+    assert "the pace decided it (the p95 alone would take" in result.stdout
+    assert "pace >= 1.80 turns/min (90% of 2)" in result.stdout
 
 
 def test_more_users_never_need_fewer_boxes() -> None:
@@ -231,6 +289,9 @@ def test_an_unreachable_target_is_exit_1_with_the_reason() -> None:
         (["--users", "2", "--turns-per-min", "1", "--context", "100"], "--context"),
         (["--users", "2", "--turns-per-min", "1", "--prompt-tokens", "300000"], "--prompt-tokens"),
         (["--users", "2", "--turns-per-min", "1", "--seeds", "0"], "--seeds"),
+        (["--users", "2", "--turns-per-min", "1", "--min-pace", "0"], "--min-pace"),
+        (["--users", "2", "--turns-per-min", "1", "--min-pace", "1.5"], "--min-pace"),
+        (["--users", "2", "--turns-per-min", "1", "--min-pace", "nan"], "--min-pace"),
         (["--turns-per-min", "1"], "--users"),
     ],
 )

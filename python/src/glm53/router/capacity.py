@@ -65,8 +65,14 @@ class PlanInputs(BaseModel):
     turns_per_min: float = Field(
         gt=0,
         le=600,
-        description="Turns a user sends per minute if answers came at once: the think time between an answer "
-        "and the next turn averages 60/this s.",
+        description="The pace a user keeps when answers are fast (turns a minute): closed loop, the think time "
+        "after an answer averages 60/this s less a turn's unloaded time; open loop, the rate turns are sent at.",
+    )
+    min_pace: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Target: users get at least this share of --turns-per-min on every seed, queueing included.",
     )
     prompt_tokens: int = Field(
         16_384, ge=0, le=MAX_CONTEXT, description="Prompt tokens per turn, on average (the conversation resent)."
@@ -140,8 +146,10 @@ class Candidate(BaseModel):
     utilization: Spread
     busiest_box_utilization: Spread
     max_wait_s: Spread
-    seeds_meeting: int
-    meets: bool = Field(description="every seed's p95 meets the target")
+    seeds_meeting: int = Field(description="seeds meeting both targets")
+    p95_meets: bool = Field(description="every seed's p95 meets the latency target")
+    pace_meets: bool = Field(description="every seed's pace meets the pace target")
+    meets: bool = Field(description="both, for every seed")
 
 
 class PolicyPlan(BaseModel):
@@ -152,6 +160,10 @@ class PolicyPlan(BaseModel):
     boxes_by_seed: list[int | None] = Field(description="each seed's own fewest boxes, seeds in order")
     boxes_spread: Spread | None = Field(description="median and range of the per-seed answers")
     candidates: list[Candidate] = Field(description="box counts simulated for every seed")
+    p95_only_boxes: int | None = Field(None, description="the answer were the p95 target the only one")
+    decided_by: Literal["p95", "pace"] | None = Field(
+        None, description="the target that set the answer: pace where the p95 alone would need fewer boxes"
+    )
     reason: str | None = None
 
     @property
@@ -167,6 +179,8 @@ class Plan(BaseModel):
     recommended: str | None = Field(None, description="with --compare: the policy needing the fewest boxes")
     reason: str | None = None
     think_s: float
+    pace_target_turns_per_min: float = Field(description="--min-pace x --turns-per-min: the least pace accepted")
+    pace_note: str | None = Field(None, description="set when the pace asked is beyond even an idle fleet")
     rates: RatePoint = Field(description="the figures used, at the context")
     cached_conversations: int
     mean_service_s: float = Field(description="a turn alone on a box holding its conversation")
@@ -239,15 +253,19 @@ VARIANTS: tuple[tuple[RouterPolicy, bool], ...] = (
 class _Evaluator:
     """Simulations of one policy, memoized by (boxes, seed)."""
 
-    def __init__(self, inputs: PlanInputs, service: Service, policy: RouterPolicy, finish: bool) -> None:
+    def __init__(
+        self, inputs: PlanInputs, service: Service, policy: RouterPolicy, finish: bool, think_s: float
+    ) -> None:
         self.inputs, self.service, self.policy, self.finish = inputs, service, policy, finish
+        self.think_s = think_s
+        self.pace_target = inputs.min_pace * inputs.turns_per_min
         self.memo: dict[tuple[int, int], RunSummary] = {}
 
     def workload(self, seed: int) -> Workload:
         i = self.inputs
         return Workload(
             users=i.users,
-            think_s=60.0 / i.turns_per_min,
+            think_s=self.think_s,
             prompt_tokens=i.prompt_tokens,
             answer_tokens=i.answer_tokens,
             cv=i.cv,
@@ -271,8 +289,14 @@ class _Evaluator:
             self.memo[key] = RunSummary.of(run)
         return self.memo[key]
 
-    def meets(self, boxes: int, seed: int) -> bool:
+    def p95_meets(self, boxes: int, seed: int) -> bool:
         return self.outcome(boxes, seed).p95 <= self.inputs.p95_seconds
+
+    def pace_meets(self, boxes: int, seed: int) -> bool:
+        return self.outcome(boxes, seed).pace_turns_per_min >= self.pace_target
+
+    def meets(self, boxes: int, seed: int) -> bool:
+        return self.p95_meets(boxes, seed) and self.pace_meets(boxes, seed)
 
 
 @dataclass(frozen=True)
@@ -334,10 +358,16 @@ def _meets(evaluator: _Evaluator, boxes: int, *, seed: int) -> bool:
     return evaluator.meets(boxes, seed)
 
 
+def _p95_meets(evaluator: _Evaluator, boxes: int, *, seed: int) -> bool:
+    return evaluator.p95_meets(boxes, seed)
+
+
 def _candidate(evaluator: _Evaluator, boxes: int, seeds: list[int]) -> Candidate:
     runs = [evaluator.outcome(boxes, seed) for seed in seeds]
     p95 = [run.p95 for run in runs]
     target = evaluator.inputs.p95_seconds
+    p95_ok = [v <= target for v in p95]
+    pace_ok = [run.pace_turns_per_min >= evaluator.pace_target for run in runs]
     return Candidate(
         boxes=boxes,
         p50_s=spread([run.p50 for run in runs]),
@@ -348,35 +378,54 @@ def _candidate(evaluator: _Evaluator, boxes: int, seeds: list[int]) -> Candidate
         utilization=spread([run.utilization for run in runs]),
         busiest_box_utilization=spread([run.busiest_box_utilization for run in runs]),
         max_wait_s=spread([run.max_wait_s for run in runs]),
-        seeds_meeting=sum(1 for v in p95 if v <= target),
-        meets=all(v <= target for v in p95),
+        seeds_meeting=sum(1 for a, b in zip(p95_ok, pace_ok, strict=True) if a and b),
+        p95_meets=all(p95_ok),
+        pace_meets=all(pace_ok),
+        meets=all(p95_ok) and all(pace_ok),
     )
 
 
-def plan_policy(inputs: PlanInputs, service: Service, policy: RouterPolicy, finish: bool, guess: int) -> PolicyPlan:
-    evaluator = _Evaluator(inputs, service, policy, finish)
-    seeds = list(range(inputs.seed, inputs.seed + inputs.seeds))
-    limit = inputs.max_boxes
+def _fewest_for_every_seed(
+    meets: Callable[..., bool], seeds: list[int], guess: int, limit: int
+) -> tuple[int | None, list[int | None]]:
+    """The fewest boxes meeting for every seed (None: none up to `limit`), and each seed's own answer;
+    `meets(boxes, seed=seed)`."""
     by_seed: list[int | None] = []
     hint = guess
     for seed in seeds:
-        found = _fewest(functools.partial(_meets, evaluator, seed=seed), hint, limit)
+        found = _fewest(functools.partial(meets, seed=seed), hint, limit)
         by_seed.append(found)
         if found is not None:
             hint = found
+    if any(b is None for b in by_seed):
+        return None, by_seed
+    boxes = max(b for b in by_seed if b is not None)
+    # A seed's own answer is local: every seed must meet at the box count given.
+    while boxes <= limit and not all(meets(boxes, seed=seed) for seed in seeds):
+        boxes += 1
+    return (boxes if boxes <= limit else None), by_seed
+
+
+def plan_policy(
+    inputs: PlanInputs, service: Service, policy: RouterPolicy, finish: bool, guess: int, think_s: float
+) -> PolicyPlan:
+    evaluator = _Evaluator(inputs, service, policy, finish, think_s)
+    seeds = list(range(inputs.seed, inputs.seed + inputs.seeds))
+    limit = inputs.max_boxes
     label = variant_label(policy, finish)
+    boxes, by_seed = _fewest_for_every_seed(functools.partial(_meets, evaluator), seeds, guess, limit)
+    p95_only, _ = _fewest_for_every_seed(functools.partial(_p95_meets, evaluator), seeds, guess, limit)
     answers = [b for b in by_seed if b is not None]
-    boxes: int | None = None
     reason: str | None = None
-    if len(answers) < len(by_seed):
-        reason = f"{label}: for some seeds no box count up to {limit} meets the p95 target (--max-boxes)"
+    decided_by: Literal["p95", "pace"] | None = None
+    if boxes is None:
+        missed = "the p95 target" if p95_only is None else f"the pace target ({evaluator.pace_target:.2f} turns/min)"
+        reason = (
+            f"{label}: no box count up to {limit} meets {missed} for every seed: this traffic needs more boxes "
+            "than --max-boxes allows (raise it), or fewer users, a slower pace or a looser target"
+        )
     else:
-        boxes = max(answers)
-        # A seed's own answer is local: every seed must meet at the box count given.
-        while boxes <= limit and not all(evaluator.meets(boxes, seed) for seed in seeds):
-            boxes += 1
-        if boxes > limit:
-            boxes, reason = None, f"{label}: no box count up to {limit} meets the p95 target for every seed"
+        decided_by = "pace" if p95_only is None or boxes > p95_only else "p95"
     shown = sorted({n for n in (boxes, (boxes or 0) - 1) if n is not None and n >= 1})
     return PolicyPlan(
         policy=policy,
@@ -386,6 +435,8 @@ def plan_policy(inputs: PlanInputs, service: Service, policy: RouterPolicy, fini
         boxes_by_seed=by_seed,
         boxes_spread=spread([float(b) for b in answers]) if answers and not reason else None,
         candidates=[_candidate(evaluator, n, seeds) for n in shown],
+        p95_only_boxes=p95_only,
+        decided_by=decided_by,
         reason=reason,
     )
 
@@ -431,16 +482,31 @@ def plan_fleet(inputs: PlanInputs) -> Plan:
         cache_hit=inputs.cache_hit,
         cached_conversations=cached,
     )
-    think = 60.0 / inputs.turns_per_min
-    alone = _turns_alone(inputs, service, think)
+    alone = _turns_alone(inputs, service)
     mean_service = statistics.fmean(alone)
     p95_service = quantile(alone, 0.95)
+    interval = 60.0 / inputs.turns_per_min
+    # Closed loop: the pace asked is kept when answers are fast, so the think time is what is left of a
+    # user's interval between turns after an unloaded turn; open loop, the interval is the Poisson mean.
+    think = max(0.0, interval - mean_service) if inputs.traffic == "closed" else interval
     busy_share = mean_service / (mean_service + think) if inputs.traffic == "closed" else mean_service / think
     offered = inputs.users * busy_share
     variants = VARIANTS if inputs.compare else ((inputs.policy, inputs.finish_sessions),)
     policies: list[PolicyPlan] = []
     reason: str | None = None
-    if p95_service > inputs.p95_seconds:
+    idle_pace = 60.0 / mean_service
+    pace_note = None
+    if inputs.traffic == "closed" and interval < mean_service:
+        pace_note = (
+            f"{inputs.turns_per_min:g} turns/min is a turn every {interval:.1f} s, but a turn alone takes "
+            f"{mean_service:.1f} s on average: even an idle fleet gives a user at most {idle_pace:.2f} turns/min"
+        )
+    if pace_note is not None and interval < inputs.min_pace * mean_service:
+        reason = (
+            f"{pace_note}, below the {inputs.min_pace:.0%} of {inputs.turns_per_min:g} asked (--min-pace); ask for "
+            f"at most {idle_pace / inputs.min_pace:.2f} turns/min, or shorter turns"
+        )
+    elif p95_service > inputs.p95_seconds:
         reason = (
             f"a turn alone takes {p95_service:.1f} s at p95 (no queue), more than the {inputs.p95_seconds:g} s "
             "target: no number of boxes meets it (shorter prompts or answers, a higher cache hit, or faster boxes do)"
@@ -448,7 +514,7 @@ def plan_fleet(inputs: PlanInputs) -> Plan:
     else:
         guess = max(1, math.ceil(offered))
         for policy, finish in variants:
-            policies.append(plan_policy(inputs, service, policy, finish, guess))
+            policies.append(plan_policy(inputs, service, policy, finish, guess, think))
     chosen = policies[0] if policies else None
     recommended = None
     if inputs.compare and (best := recommend(policies)) is not None:
@@ -463,21 +529,24 @@ def plan_fleet(inputs: PlanInputs) -> Plan:
         recommended=recommended,
         reason=reason,
         think_s=think,
+        pace_target_turns_per_min=inputs.min_pace * inputs.turns_per_min,
+        pace_note=pace_note,
         rates=rates,
         cached_conversations=cached,
         mean_service_s=mean_service,
         p95_service_s=p95_service,
         offered_load_boxes=offered,
         policies=policies,
-        assumptions=assumptions(inputs, rates, context, cached),
+        assumptions=assumptions(inputs, rates, context, cached, think),
     )
 
 
-def _turns_alone(inputs: PlanInputs, service: Service, think: float) -> list[float]:
-    """Service times of the first seed's turns on a box holding their conversation, sorted."""
+def _turns_alone(inputs: PlanInputs, service: Service) -> list[float]:
+    """Service times of the first seed's turns on a box holding their conversation, sorted (the think time
+    draws nothing of the turns' lengths: any value books the same turns)."""
     workload = Workload(
         users=inputs.users,
-        think_s=think,
+        think_s=60.0 / inputs.turns_per_min,
         prompt_tokens=inputs.prompt_tokens,
         answer_tokens=inputs.answer_tokens,
         cv=inputs.cv,
@@ -495,11 +564,12 @@ def _turns_alone(inputs: PlanInputs, service: Service, think: float) -> list[flo
     )
 
 
-def assumptions(inputs: PlanInputs, rates: RatePoint, context: int, cached: int) -> list[str]:
+def assumptions(inputs: PlanInputs, rates: RatePoint, context: int, cached: int, think: float) -> list[str]:
     traffic = (
         f"closed loop: each of {inputs.users} users sends a turn, waits for the whole answer, then thinks "
-        f"{60.0 / inputs.turns_per_min:.0f} s on average (exponential) before the next: {inputs.turns_per_min:g} "
-        "turns/min if answers came at once; the pace users get is reported"
+        f"{think:.1f} s on average (exponential) before the next: {inputs.turns_per_min:g} turns/min when answers "
+        f"take their unloaded time; the answer keeps the pace users get >= {inputs.min_pace:.0%} of that "
+        "(--min-pace) as well as the p95"
         if inputs.traffic == "closed"
         else f"open loop (--traffic open): each of {inputs.users} users sends turns as a Poisson process at "
         f"{inputs.turns_per_min:g}/min without waiting for answers: a conversation's turns can queue behind each other"

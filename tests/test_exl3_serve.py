@@ -300,7 +300,7 @@ def test_the_stand_in_schema_accepts_the_rendered_config() -> None:
         "--config",
         "/run/user/1000/glm53-tabby-8000/config.yml",
     ]
-    assert run_check(spec) == ([], None)
+    assert run_check(spec) == ([], None, [])  # fastapi-slim is met by fastapi, the full distribution
     check = tabby_config_check(spec)
     assert check.checked and check.reason is None and str(STAND_IN) in (check.vllm_version or "")
     assert str(STAND_IN) in require_tabby_config(spec)
@@ -308,7 +308,7 @@ def test_the_stand_in_schema_accepts_the_rendered_config() -> None:
 
 def test_an_unknown_field_is_reported_not_ignored() -> None:
     spec = _with_config(_launch(STAND_IN), {"model": {"max_seq_length": 4096}, "sampler": {"x": 1}})
-    unknown, error = run_check(spec)
+    unknown, error, _ = run_check(spec)
     assert sorted(unknown) == ["model.max_seq_length", "sampler"] and error is None
     check = tabby_config_check(spec)
     assert not check.checked and check.reason is not None
@@ -320,7 +320,7 @@ def test_an_unknown_field_is_reported_not_ignored() -> None:
 
 def test_a_value_of_the_wrong_type_is_refused_in_tabbyapis_words() -> None:
     spec = _with_config(_launch(STAND_IN), {"model": {"max_seq_len": "lots", "cache_mode": "Q5"}})
-    unknown, error = run_check(spec)
+    unknown, error, _ = run_check(spec)
     assert unknown == [] and error is not None and "max_seq_len" in error and "cache_mode" in error
     check = tabby_config_check(spec)
     assert not check.checked and (check.reason or "").startswith("TabbyAPI refuses the config:")
@@ -333,6 +333,58 @@ def test_a_tree_without_the_schema_is_unavailable(tmp_path: Path) -> None:
     assert not check.checked and "cannot load TabbyAPI's config schema" in (check.reason or "")
     unset = _launch(STAND_IN).model_copy(update={"argv": [sys.executable, "$GLM53_TABBYAPI_DIR/main.py"]})
     assert "GLM53_TABBYAPI_DIR" in (tabby_config_check(unset).reason or "")
+
+
+def _tree_declaring(tmp_path: Path, dependencies: list[str], cu12: list[str]) -> Path:
+    tree = tmp_path / "tabby"
+    shutil.copytree(STAND_IN, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (tree / "pyproject.toml").read_text()
+    extra = "".join(f'    "{d}",\n' for d in dependencies)
+    text = text.replace("dependencies = [\n", "dependencies = [\n" + extra)
+    if cu12:
+        text += "\n[project.optional-dependencies]\ncu12 = [\n" + "".join(f'    "{d}",\n' for d in cu12) + "]\n"
+    (tree / "pyproject.toml").write_text(text)
+    return tree
+
+
+def test_what_tabbyapi_imports_is_checked_in_its_python_before_the_exec(tmp_path: Path) -> None:
+    """TabbyAPI's own pyproject.toml, read in the Python that will run it: the three packages the real file
+    declares and this environment lacks, a version floor it does not meet, and the CUDA extra by name (a
+    Windows-only entry is not wanted on Linux)."""
+    tree = _tree_declaring(
+        tmp_path,
+        ["aiofiles", "ruamel.yaml", "async_lru", "uvicorn >= 999"],
+        [
+            "exllamav3 @ https://example.invalid/exllamav3-1.4.2-linux_x86_64.whl ; platform_system == 'Linux'",
+            "triton-windows ; platform_system == 'Windows'",
+        ],
+    )
+    spec = _launch(tree)
+    unknown, error, missing = run_check(spec)
+    assert unknown == [] and error is None
+    by_name = {row["name"]: row for row in missing}
+    assert set(by_name) == {"aiofiles", "ruamel.yaml", "async_lru", "uvicorn", "exllamav3"}
+    assert by_name["uvicorn"]["spec"] == "uvicorn>=999" and by_name["uvicorn"]["why"].endswith("installed")
+    assert by_name["exllamav3"]["spec"] == "exllamav3"  # by name: glm53 pins its own build, not TabbyAPI's URL
+    with pytest.raises(Unavailable) as err:
+        require_tabby_config(spec)
+    assert err.value.exit_code == 3
+    assert "lacks what TabbyAPI imports: aiofiles (not installed)" in err.value.message
+    assert err.value.hint == (
+        f"install into TabbyAPI's Python: {sys.executable} -m pip install 'aiofiles' 'ruamel.yaml' 'async_lru' "
+        "'uvicorn>=999' 'exllamav3'"
+    )
+    check = tabby_config_check(spec)
+    assert not check.checked and "ruamel.yaml (not installed)" in (check.reason or "")
+
+
+def test_a_tree_without_its_pyproject_is_not_tabbyapi(tmp_path: Path) -> None:
+    tree = tmp_path / "tabby"
+    shutil.copytree(STAND_IN, tree, ignore=shutil.ignore_patterns("__pycache__", "pyproject.toml"))
+    with pytest.raises(Unavailable) as err:
+        require_tabby_config(_launch(tree))
+    assert "pyproject.toml (FileNotFoundError" in err.value.message
+    assert err.value.hint is not None and "GLM53_TABBYAPI_DIR must be TabbyAPI's source tree" in err.value.hint
 
 
 def _schema_fields(tree: Path) -> dict[str, list[str]]:
@@ -612,4 +664,4 @@ def test_the_config_check_runs_in_the_environment_tabbyapi_gets(
     with pytest.raises(Unavailable, match="No module named 'tabby_only_dependency'"):
         run_check(_launch(tree))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "deps"))
-    assert run_check(_launch(tree)) == ([], None)
+    assert run_check(_launch(tree)) == ([], None, [])

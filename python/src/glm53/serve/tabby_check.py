@@ -1,9 +1,16 @@
-"""Check a rendered TabbyAPI config with TabbyAPI's own schema before anything starts.
+"""Check a rendered TabbyAPI config with TabbyAPI's own schema, and TabbyAPI's Python for what it imports,
+before anything starts.
 
 TabbyAPI validates its config with `common.config_models.TabbyConfigModel` (pydantic) and silently ignores a
 field it does not know. The check runs that model, from the TabbyAPI tree the launch will start, in a child
 process with the interpreter that will run it: a field name glm53 gets wrong, or a value TabbyAPI refuses, stops
 the start with TabbyAPI's own words (exit 2) instead of a server that runs with a default.
+
+The same child reads the tree's own `pyproject.toml` (`[project].dependencies`, markers evaluated for that
+Python, and its `cu12` extra by name: torch, triton, flash-linear-attention, exllamav3) and looks each
+distribution up in that Python: a package TabbyAPI imports only once the server starts (uvicorn,
+fastapi, ...) would otherwise end the server just after the exec. One missing or too old is exit 3, naming it and
+the command that installs it.
 """
 
 from __future__ import annotations
@@ -39,7 +46,46 @@ try:
     error = None
 except Exception as exc:
     error = str(exc)
-print(json.dumps({"unknown": unknown, "error": error}))
+
+# TabbyAPI's declared dependencies, checked in this Python (TabbyAPI's own): its runtime list with versions,
+# and its CUDA extra (torch, triton, flash-linear-attention, exllamav3) by name only, since glm53 pins those.
+import tomllib
+from importlib import metadata
+missing = []
+declared = []
+try:
+    with open(sys.argv[1] + "/pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    declared = [(text, True) for text in project["dependencies"]]
+    declared += [(text, False) for text in project.get("optional-dependencies", {}).get("cu12", [])]
+except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
+    missing.append({"name": "pyproject.toml", "spec": "", "found": None, "why": f"{type(exc).__name__}: {exc}"})
+# a full distribution that provides the same modules as the one declared
+aliases = {"fastapi-slim": ["fastapi"]}
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    declared = []
+    missing.append({"name": "packaging", "spec": "packaging", "found": None, "why": "not installed"})
+seen = set()
+for text, versioned in declared:
+    req = Requirement(text)
+    if req.marker is not None and not req.marker.evaluate() or req.name.lower() in seen:
+        continue
+    seen.add(req.name.lower())
+    found = None
+    for name in [req.name, *aliases.get(req.name.lower(), [])]:
+        try:
+            found = metadata.version(name)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    wanted = str(req.name) + (str(req.specifier) if versioned else "")
+    if found is None:
+        missing.append({"name": req.name, "spec": wanted, "found": None, "why": "not installed"})
+    elif versioned and req.specifier and not req.specifier.contains(found, prereleases=True):
+        missing.append({"name": req.name, "spec": wanted, "found": found, "why": f"{found} installed"})
+print(json.dumps({"unknown": unknown, "error": error, "missing": missing}))
 """
 
 
@@ -50,8 +96,9 @@ def _tabby_dir(spec: LaunchSpec) -> str | None:
     return str(PurePosixPath(main).parent)
 
 
-def run_check(spec: LaunchSpec) -> tuple[list[str], str | None]:
-    """(unknown fields, TabbyAPI's validation error or None). Unavailable when TabbyAPI cannot be run."""
+def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, str | None]]]:
+    """(unknown fields, TabbyAPI's validation error or None, the dependencies its Python lacks). Unavailable
+    when TabbyAPI cannot be run."""
     directory = _tabby_dir(spec)
     if directory is None:
         raise Unavailable(
@@ -81,27 +128,46 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None]:
         )
     result = parse_json(lines[-1], what="TabbyAPI's config check")
     try:
-        return [str(name) for name in result["unknown"]], (None if result["error"] is None else str(result["error"]))
+        missing = [
+            {key: (None if row[key] is None else str(row[key])) for key in ("name", "spec", "found", "why")}
+            for row in result["missing"]
+        ]
+        error = None if result["error"] is None else str(result["error"])
+        return [str(name) for name in result["unknown"]], error, missing
     except (KeyError, TypeError) as exc:
         raise Unavailable(f"TabbyAPI's config check printed {quoted(lines[-1])}") from exc
+
+
+def _lacking(spec: LaunchSpec, missing: list[dict[str, str | None]]) -> Unavailable:
+    """What TabbyAPI's Python lacks, with the command that installs it there."""
+    rows = [f"{row['spec'] or row['name']} ({row['why']})" for row in missing]
+    wanted = " ".join(f"'{row['spec'] or row['name']}'" for row in missing if row["name"] != "pyproject.toml")
+    hint = (
+        f"install into TabbyAPI's Python: {spec.argv[0]} -m pip install {wanted}"
+        if wanted
+        else "GLM53_TABBYAPI_DIR must be TabbyAPI's source tree at the pinned commit (repro.lock.json engine.tabbyapi)"
+    )
+    return Unavailable(f"TabbyAPI's Python ({spec.argv[0]}) lacks what TabbyAPI imports: {'; '.join(rows)}", hint=hint)
 
 
 def tabby_config_check(spec: LaunchSpec) -> FlagCheck:
     """For a dry run: the result, or why nothing was checked."""
     try:
-        unknown, error = run_check(spec)
+        unknown, error, missing = run_check(spec)
     except Unavailable as exc:
         return FlagCheck(checked=False, vllm_version=None, reason=exc.message)
     if unknown or error:
         problems = [f"unknown fields: {', '.join(unknown)}"] if unknown else []
         problems += [error] if error else []
         return FlagCheck(checked=False, vllm_version=None, reason="TabbyAPI refuses the config: " + "; ".join(problems))
+    if missing:
+        return FlagCheck(checked=False, vllm_version=None, reason=_lacking(spec, missing).message)
     return FlagCheck(checked=True, vllm_version=f"TabbyAPI ({_tabby_dir(spec)})")
 
 
 def require_tabby_config(spec: LaunchSpec) -> str:
-    """For a start: TabbyAPI accepts every field, or nothing starts."""
-    unknown, error = run_check(spec)
+    """For a start: TabbyAPI accepts every field and its Python has what TabbyAPI imports, or nothing starts."""
+    unknown, error, missing = run_check(spec)
     if unknown:
         raise BadInput(
             f"TabbyAPI does not know the config fields {', '.join(unknown)}",
@@ -109,7 +175,9 @@ def require_tabby_config(spec: LaunchSpec) -> str:
         )
     if error:
         raise BadInput(f"TabbyAPI refuses the config: {error[:800]}", hint="fix the profile value it names")
-    return f"config accepted by TabbyAPI's schema ({_tabby_dir(spec)})"
+    if missing:
+        raise _lacking(spec, missing)
+    return f"config accepted by TabbyAPI's schema ({_tabby_dir(spec)}); its Python has every dependency it declares"
 
 
 __all__ = ["require_tabby_config", "run_check", "tabby_config_check"]

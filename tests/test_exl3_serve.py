@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -403,8 +404,25 @@ def test_tabbyapi_at_the_pinned_commit_accepts_every_rendered_field() -> None:
     for profile in (_planned(), _planned("exl3-1gpu", overrides=[("CACHE_SIZE", "131072")])):
         for api_key in (True, False):
             spec = _launch(REAL_TABBY, profile, api_key=api_key)
-            assert run_check(spec) == ([], None)
+            unknown, error, _ = run_check(spec)
+            assert (unknown, error) == ([], None)
     assert tabby_config_check(_with_config(_launch(REAL_TABBY), {"model": {"max_seq_length": 1}})).reason
+
+
+@needs_real_tabby
+def test_the_real_pyproject_is_read_and_the_stand_in_declares_its_list() -> None:
+    """On TabbyAPI's own file: what this environment lacks of it is reported (the three the stand-in leaves out,
+    and the CUDA extra by name), and the stand-in's list is the real one without those three."""
+    assert REAL_TABBY is not None
+    _, _, missing = run_check(_launch(REAL_TABBY))
+    lacking = {row["name"] for row in missing}
+    assert {"aiofiles", "async_lru", "ruamel.yaml", "exllamav3"} <= lacking
+    assert not lacking & {"uvicorn", "fastapi-slim", "pydantic", "loguru", "sse-starlette"}
+
+    def declared(tree: Path) -> set[str]:
+        return set(tomllib.loads((tree / "pyproject.toml").read_text())["project"]["dependencies"])
+
+    assert declared(REAL_TABBY) - {"aiofiles", "async_lru", "ruamel.yaml"} == declared(STAND_IN)
 
 
 @needs_real_tabby

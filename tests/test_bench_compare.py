@@ -129,3 +129,24 @@ def test_compare_gates_treat_a_shape_without_valid_runs_as_failing() -> None:
     gates = compare_gates(summary, {"decode": 45.0}, {})
     assert [(g.subject, g.passed) for g in gates] == [("8192:2048", True), ("260096:2048", False)]
     assert compare_gates(summary, {}, {}) == []
+
+
+def test_a_comparison_of_nothing_says_what_each_side_has_and_exits_1(tmp_path: Path) -> None:
+    """The demo's tiny-model report against the recipe: no shape in common, so every B - A would be empty."""
+    env = collect_environment(None, environ={})
+    small = tmp_path / "small"
+    write_section(small, env, run=_section(300, 20.0, 500.0, (512,)))
+    result = run_glm53("bench", "compare", str(small))
+    assert result.code == 1
+    assert "nothing to compare: no shape (context:output tokens) is measured on both sides" in result.stderr
+    assert "A has 8192:2048, 131072:2048, 260096:2048, B has 512:2048" in result.stderr
+    assert "the recipe's: 8192:2048, 131072:2048, 260096:2048" in result.stderr
+    # the table is still printed, and --json still carries the rows
+    assert "B - A" in result.stdout
+    assert run_glm53("bench", "compare", str(small), "--json").code == 1
+
+
+def test_a_comparison_with_a_shape_in_common_is_not_refused(reports: tuple[Path, Path]) -> None:
+    a, b = reports
+    assert run_glm53("bench", "compare", str(a)).code == 0  # 8192:2048 and 131072:2048 are the recipe's too
+    assert run_glm53("bench", "compare", str(a), str(b)).code == 0

@@ -49,6 +49,28 @@ class Comparison(BaseModel):
     b_label: str
     rows: list[ComparisonRow]
 
+    @property
+    def compared(self) -> int:
+        """Rows with a value on both sides: what the comparison actually compares."""
+        return sum(1 for row in self.rows if row.a is not None and row.b is not None)
+
+    def why_empty(self) -> str | None:
+        """When nothing is on both sides, which shapes each side has (the B - A cells are then all empty)."""
+        if self.compared:
+            return None
+
+        def shapes(side: str) -> str:
+            have = sorted(
+                {row.subject for row in self.rows if row.section == "run" and getattr(row, side) is not None},
+                key=lambda text: tuple(int(part) for part in text.split(":")),
+            )
+            return ", ".join(have) or "none"
+
+        return (
+            f"nothing to compare: no shape (context:output tokens) is measured on both sides: "
+            f"A has {shapes('a')}, B has {shapes('b')}"
+        )
+
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None

@@ -55,6 +55,7 @@ from glm53.bench.target import Target
 from glm53.cli.app import App
 from glm53.cli.model_options import Flag, flag_name, options_from
 from glm53.cli.options import BenchApiKeyFileOpt, BenchApiKeyOpt, FiguresOpt, JsonOpt, ProfileName
+from glm53.errors import CheckFailed
 from glm53.output import Output
 
 if TYPE_CHECKING:
@@ -464,6 +465,12 @@ def compare_cmd(
     if not settings.gated:
         # Valid JSON only: a value that is not a finite number is null, and `non_finite` says which.
         out.result(json_safe(comparison.model_dump(mode="json")), lambda console: comparison_table(console, comparison))
+        if (empty := comparison.why_empty()) is not None:
+            raise CheckFailed(
+                empty,
+                hint="run `glm53 bench run --shapes` with the other side's shapes (the recipe's: 8192:2048, "
+                "131072:2048, 260096:2048), or compare two reports of the same shapes",
+            )
         return
     gates = settings.gates(compared.candidate)
     gated = GatedComparison(**dict(comparison), gated=str(compared.candidate_path), gates=gates)

@@ -12,6 +12,7 @@ import pytest
 from glm53.errors import BadInput
 from glm53.recipe.pins import load_repro_lock, repro_lock_sha256
 from glm53.repro import check_repo
+from tests.support.cli import run_glm53
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "repro.lock.json"
@@ -194,3 +195,20 @@ def test_an_unfilled_tabbyapi_pin_is_listed_as_unpinned(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     unpinned = load_repro_lock(path).unpinned()
     assert unpinned[5:7] == ["engine.tabbyapi.rev", "engine.tabbyapi.hash"]
+
+
+def test_repro_show_fits_80_columns_and_keeps_every_field_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns the unresolved rows stay apart: field names fold onto a second line, never cut."""
+    monkeypatch.setenv("COLUMNS", "80")
+    result = run_glm53("repro", "show", "--lock", str(Path(__file__).parents[1] / "repro.lock.json"))
+    assert result.code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("unresolved:"))
+    table = lines[start:]
+    assert all(len(line) <= 80 for line in table) and not any("…" in line for line in lines)
+    # the field column's pieces joined: each unresolved field name appears whole
+    cells = [line.split("│")[1].strip() for line in table if line.startswith("│")]
+    joined = "".join(cells)
+    lock = load_repro_lock(Path(__file__).parents[1] / "repro.lock.json")
+    fields = [item.field for item in lock.unresolved()]
+    assert len(fields) >= 10 and all(field in joined for field in fields)

@@ -16,7 +16,7 @@ from glm53.repro.manifest import ManifestDiff
 def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Console) -> None:
     table = Table(title=f"{source}  sha256 {sha256}")
     table.add_column("pin")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # hashes whole, folded, never cut
     table.add_row("checkpoint", f"{lock.checkpoint.repo}@{lock.checkpoint.revision} ({lock.checkpoint.branch})")
     table.add_row("vLLM", f"{lock.engine.vllm.version} rev {lock.engine.vllm.rev or 'unpinned'}")
     image = lock.engine.vllm.image
@@ -51,8 +51,12 @@ def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Conso
     unresolved = lock.unresolved()
     if unresolved:
         pending = Table(title=f"[yellow]unresolved: {len(unresolved)}[/yellow]")
-        for column in ("field", "needed by", "resolved by"):
-            pending.add_column(column)
+        # The field names tell the rows apart: never cut (a narrow terminal folds them instead), and as wide
+        # as the longest where it fits; the prose columns wrap.
+        widest = max(len(item.field) for item in unresolved)
+        pending.add_column("field", overflow="fold", min_width=min(widest, max(16, console.width - 58)))
+        pending.add_column("needed by", overflow="fold")
+        pending.add_column("resolved by", overflow="fold")
         for item in unresolved:
             pending.add_row(item.field, item.needed_by, item.resolved_by)
         console.print(pending)

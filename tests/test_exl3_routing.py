@@ -123,3 +123,14 @@ def test_a_vllm_profile_refuses_the_capture(tmp_path: Path) -> None:
     request = ServeRequest(profile="cpu-tiny", model_dir=tmp_path, capture_routing=tmp_path / "routing")
     with pytest.raises(BadInput, match="--capture-routing records ExLlamaV3's routing; cpu-tiny runs on vllm"):
         resolve_launch(request, environ={})
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
+def test_a_capture_directory_this_user_cannot_write_is_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        with pytest.raises(BadInput, match="is not writable by this user"):
+            _launch(tmp_path, "locked/routing")
+    finally:
+        locked.chmod(0o700)

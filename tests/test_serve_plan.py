@@ -160,3 +160,36 @@ def test_triton_is_pointed_at_the_drivers_libcuda_where_this_host_has_it(tmp_pat
     assert "TRITON_LIBCUDA_PATH" not in preset.spec.env  # the user's own value is inherited untouched
     cpu = resolve_launch(ServeRequest(profile="cpu-tiny"), need_model=False, environ=environ)
     assert "TRITON_LIBCUDA_PATH" not in cpu.spec.env
+
+
+@pytest.mark.parametrize(
+    ("profile", "text", "message"),
+    [
+        ("exl3-2x3090", "GPU_SPLIT=23,23\nFOO_BAR=1\n", ":2: unknown key 'FOO_BAR'"),
+        ("exl3-2x3090", "GPU_SPLIT=23,23\nGPU_SPLIT=22,22\n", ":2: GPU_SPLIT is set again (first at line 1)"),
+        (
+            "exl3-2x3090",
+            "GPU_SPLIT=23,23\nHYBRID_MAIN_CPUS=0-3\n",
+            ":2: HYBRID_MAIN_CPUS is written by the vllm planner, and this profile runs on exllamav3",
+        ),
+        ("exl3-2x3090", "CPU_OFFLOAD_GB=54\n", "CPU_OFFLOAD_GB is read by vllm only"),
+        ("agent-256k", "CPU_OFFLOAD_GB=54\nGPU_SPLIT=23,23\n", "GPU_SPLIT"),
+        ("agent-256k", "CPU_OFFLOAD_GB=54\nCPU_OFFLOAD_GB=50\n", ":2: CPU_OFFLOAD_GB is set again"),
+    ],
+)
+def test_a_bad_plan_env_names_the_line_and_loses_nothing(tmp_path: Path, profile: str, text: str, message: str) -> None:
+    plan = tmp_path / "plan.env"
+    plan.write_text(text)
+    result = run_glm53("serve", "--profile", profile, "--plan-env", str(plan), "--dry-run")
+    assert result.code == 2, (result.stdout, result.stderr)
+    assert message in result.stderr and str(plan) in result.stderr
+    assert plan.read_text() == text  # the user's file is never rewritten
+
+
+def test_a_plan_written_by_the_planner_is_accepted_back(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.env"
+    made = run_glm53("plan", "host", "--profile", "exl3-2x3090", "--rig", "recipe-2x3090", "--env")
+    assert made.code == 0, made.stderr
+    plan.write_text(made.stdout)
+    result = run_glm53("serve", "--profile", "exl3-2x3090", "--plan-env", str(plan), "--dry-run", "--json")
+    assert result.code == 0, result.stderr

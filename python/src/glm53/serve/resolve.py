@@ -39,6 +39,7 @@ from glm53.recipe.profiles import (
     parse_env_text,
     parse_set_options,
     read_env_file,
+    unknown_key_error,
 )
 from glm53.serve.exec import api_key_file_warning, read_api_key
 from glm53.serve.flags import vllm_command
@@ -116,11 +117,39 @@ class ProfileCheck(BaseModel):
     plan: PlanStatus
 
 
-def read_plan(path: Path) -> tuple[list[tuple[str, str, str]], PlanInput]:
-    """The planner's KEY=VALUE file: profile keys (layered over the profile), the rest (exported as they are),
-    and HYBRID_MAIN_CPUS as the serving CPUs."""
+# What a planner writes besides profile keys, per engine: vLLM's serving CPUs; ExLlamaV3's plan is all profile keys.
+PLAN_ONLY_KEYS: dict[str, frozenset[str]] = {
+    "vllm": frozenset(k for k in PLANNED_KEYS if k not in KEYS),
+    "exllamav3": frozenset(k for k in PLANNED_KEYS_EXL3 if k not in KEYS),
+}
+
+
+def read_plan(path: Path, engine: str | None = None) -> tuple[list[tuple[str, str, str]], PlanInput]:
+    """The planner's KEY=VALUE file: profile keys (layered over the profile), the planner's own keys (exported
+    as they are), and HYBRID_MAIN_CPUS as the serving CPUs. A key set twice, or one that is neither a profile
+    key nor a key `engine`'s planner writes, is refused with the line that sets it."""
     _, text = read_env_file(path, flag="--plan-env")
     lines, _ = parse_env_text(text, source=str(path))
+    first: dict[str, int] = {}
+    for line in lines:
+        where = f"--plan-env {path}:{line.lineno}"
+        if line.key in first:
+            raise BadInput(
+                f"{where}: {line.key} is set again (first at line {first[line.key]})",
+                hint="a plan file sets each key once: keep the value meant and remove the other line",
+            )
+        first[line.key] = line.lineno
+        if line.key in KEYS:
+            continue  # layered over the profile, which checks the key's engine
+        owners = [name for name, keys in PLAN_ONLY_KEYS.items() if line.key in keys]
+        if engine is not None and owners and engine not in owners:
+            raise BadInput(
+                f"{where}: {line.key} is written by the {' and '.join(owners)} planner, and this profile runs on "
+                f"{engine}",
+                hint=f"plan for this profile (glm53 plan host --profile NAME --env) or remove {line.key}",
+            )
+        if not owners:
+            raise unknown_key_error(line.key, where=where)
     values = [(line.key, line.value, f"plan {path}:{line.lineno}") for line in lines]
     others = {line.key: line.value for line in lines if line.key not in KEYS}
     cpus = others.get("HYBRID_MAIN_CPUS")
@@ -221,7 +250,7 @@ def resolve_launch(
     plan_values: list[tuple[str, str, str]] = []
     plan: PlanInput | None = None
     if req.plan_env is not None:
-        plan_values, plan = read_plan(req.plan_env)
+        plan_values, plan = read_plan(req.plan_env, profile.engine)
         status = PlanStatus(
             source="plan-env",
             detail=f"from {req.plan_env}",

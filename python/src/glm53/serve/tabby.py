@@ -228,6 +228,12 @@ def _check_capture_dir(directory: Path) -> None:
                 f"--capture-routing {directory} already holds {name}",
                 hint="name a new directory (an earlier capture is never replaced)",
             )
+    writable = directory if directory.exists() else directory.parent
+    if not os.access(writable, os.W_OK | os.X_OK):
+        raise BadInput(
+            f"--capture-routing {directory}: {writable} is not writable by this user: the capture could not be saved",
+            hint="name a directory this user can write",
+        )
 
 
 def clean_environment(inherited: Mapping[str, str]) -> dict[str, str]:

@@ -522,6 +522,33 @@ STAND_IN_MAIN = textwrap.dedent("""
 GLM53_MAIN = "import os, sys; print(os.getpid(), flush=True); from glm53.cli.main import main; main()"
 
 
+EXL3_CONFIG = '{"model_type": "glm5_next", "quantization_config": {"quant_method": "exl3", "bits": 3.05}}'
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            '{"model_type": "llama", "quantization_config": {"quant_method": "exl3"}}',
+            "config.json describes model_type 'llama' quantized by 'exl3'",
+        ),
+        ('{"model_type": "glm5_next"}', "config.json describes model_type 'glm5_next' quantized by None"),
+        (None, "has no config.json"),
+    ],
+)
+def test_an_exl3_profile_refuses_a_checkpoint_of_another_family(
+    tmp_path: Path, config: str | None, message: str
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    if config is not None:
+        (model / "config.json").write_text(config)
+    result = run_glm53("serve", "--profile", "exl3-1gpu", "--model-dir", str(model), "--dry-run")
+    assert result.code == 2 and message in result.stderr, result.stderr
+    (model / "config.json").write_text(EXL3_CONFIG)
+    assert run_glm53("serve", "--profile", "exl3-1gpu", "--model-dir", str(model), "--dry-run").code == 0
+
+
 class _Rig:
     """A stand-in TabbyAPI tree, a model folder, a plan, a key file and a private runtime folder."""
 
@@ -532,6 +559,8 @@ class _Rig:
         (self.tabby / "main.py").write_text(STAND_IN_MAIN)
         self.model = tmp / "models" / "glm53"
         self.model.mkdir(parents=True)
+        # what the exl3 profiles check of a checkpoint before a start: its family (model_type, quantization)
+        (self.model / "config.json").write_text(EXL3_CONFIG)
         self.plan = tmp / "plan.env"
         self.plan.write_text(
             "GPU_SPLIT=20\nCACHE_SIZE=131072\nCPU_MOE_OFFLOAD_LAYERS=0\nEXL3_MOE_CPU_SPLIT=180\n"

@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from glm53.checkpoint.model_spec import load_model_spec, read_checkpoint_config
 from glm53.constants import DEFAULT_HOST, DEFAULT_PORT, GIB
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
@@ -201,6 +202,28 @@ def exl3_summary(plan: object) -> str:
     )
 
 
+EXL3_SPEC = "glm53-flash-exl3"
+
+
+def check_exl3_checkpoint(model_dir: Path) -> None:
+    """An exl3 profile serves GLM-5.3-Flash in EXL3: a checkpoint of another family (its config.json's
+    model_type and quantization) would load into the wrong architecture, or fail late inside the engine."""
+    spec = load_model_spec(EXL3_SPEC)
+    config = read_checkpoint_config(model_dir)
+    if config is None:
+        raise BadInput(
+            f"--model-dir {model_dir} has no config.json", hint=f"{GET_THE_CHECKPOINT}; it must be the whole directory"
+        )
+    found = (config.model_type, config.quant_method)
+    wanted = (spec.match.model_type, spec.match.quant_method)
+    if found != wanted:
+        raise BadInput(
+            f"--model-dir {model_dir}: config.json describes model_type {found[0]!r} quantized by {found[1]!r}; "
+            f"the exl3 profiles serve {spec.description} (model_type {wanted[0]!r}, {wanted[1]!r})",
+            hint=f"{GET_THE_CHECKPOINT}, or serve this model with a profile of its own engine",
+        )
+
+
 def _model_dir(req: ServeRequest, *, need_model: bool) -> Path | str:
     if req.model_dir is None:
         if need_model:
@@ -247,6 +270,8 @@ def resolve_launch(
             hint="serve an exl3-* profile to capture, or drop --capture-routing",
         )
     model_dir = _model_dir(req, need_model=need_model)
+    if profile.engine == "exllamav3" and isinstance(model_dir, Path) and model_dir.is_dir():
+        check_exl3_checkpoint(model_dir)
     plan_values: list[tuple[str, str, str]] = []
     plan: PlanInput | None = None
     if req.plan_env is not None:

@@ -16,11 +16,13 @@ the command that installs it.
 from __future__ import annotations
 
 import os
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import parse_json
+from glm53.host.source_tree import checkout_commit
 from glm53.proc import TimedOut, run, text
+from glm53.recipe.pins import find_repro_lock, load_repro_lock
 from glm53.safetext import quoted
 from glm53.serve.flags import FlagCheck
 from glm53.serve.launch import LaunchSpec, environment_for_exec
@@ -150,8 +152,26 @@ def _lacking(spec: LaunchSpec, missing: list[dict[str, str | None]]) -> Unavaila
     return Unavailable(f"TabbyAPI's Python ({spec.argv[0]}) lacks what TabbyAPI imports: {'; '.join(rows)}", hint=hint)
 
 
+def wrong_commit(spec: LaunchSpec) -> BadInput | None:
+    """A TabbyAPI tree that is a git checkout of another commit than the lock's (engine.tabbyapi.rev); None
+    where it is the lock's, or cannot be told (a Nix store copy has no .git), or no lock is at hand."""
+    directory = _tabby_dir(spec)
+    if directory is None or find_repro_lock(Path.cwd()) is None:
+        return None
+    pinned = load_repro_lock().engine.tabbyapi.rev
+    found = checkout_commit(Path(directory))
+    if found is None or pinned is None or found == pinned:
+        return None
+    return BadInput(
+        f"TabbyAPI at {directory} is checked out at {found}, but repro.lock.json pins {pinned}",
+        hint=f"git -C {directory} checkout {pinned} (or point GLM53_TABBYAPI_DIR at a tree of that commit)",
+    )
+
+
 def tabby_config_check(spec: LaunchSpec) -> FlagCheck:
     """For a dry run: the result, or why nothing was checked."""
+    if (mismatch := wrong_commit(spec)) is not None:
+        return FlagCheck(checked=False, vllm_version=None, reason=mismatch.message)
     try:
         unknown, error, missing = run_check(spec)
     except Unavailable as exc:
@@ -166,7 +186,10 @@ def tabby_config_check(spec: LaunchSpec) -> FlagCheck:
 
 
 def require_tabby_config(spec: LaunchSpec) -> str:
-    """For a start: TabbyAPI accepts every field and its Python has what TabbyAPI imports, or nothing starts."""
+    """For a start: the tree is the pinned commit where it can be told, TabbyAPI accepts every field and its
+    Python has what TabbyAPI imports, or nothing starts."""
+    if (mismatch := wrong_commit(spec)) is not None:
+        raise mismatch
     unknown, error, missing = run_check(spec)
     if unknown:
         raise BadInput(

@@ -157,7 +157,9 @@ class PolicyPlan(BaseModel):
     finish_sessions: bool
     label: str
     boxes: int | None = Field(description="fewest boxes whose p95 meets the target for every seed; None: none")
-    boxes_by_seed: list[int | None] = Field(description="each seed's own fewest boxes, seeds in order")
+    boxes_by_seed: list[int | None] = Field(
+        description="each seed's own fewest boxes, seeds in order, up to the first with none"
+    )
     boxes_spread: Spread | None = Field(description="median and range of the per-seed answers")
     candidates: list[Candidate] = Field(description="box counts simulated for every seed")
     p95_only_boxes: int | None = Field(None, description="the answer were the p95 target the only one")
@@ -389,16 +391,15 @@ def _fewest_for_every_seed(
     meets: Callable[..., bool], seeds: list[int], guess: int, limit: int
 ) -> tuple[int | None, list[int | None]]:
     """The fewest boxes meeting for every seed (None: none up to `limit`), and each seed's own answer;
-    `meets(boxes, seed=seed)`."""
+    `meets(boxes, seed=seed)`. The seeds stop at the first with no answer: none for every seed then."""
     by_seed: list[int | None] = []
     hint = guess
     for seed in seeds:
         found = _fewest(functools.partial(meets, seed=seed), hint, limit)
         by_seed.append(found)
-        if found is not None:
-            hint = found
-    if any(b is None for b in by_seed):
-        return None, by_seed
+        if found is None:
+            return None, by_seed
+        hint = found
     boxes = max(b for b in by_seed if b is not None)
     # A seed's own answer is local: every seed must meet at the box count given.
     while boxes <= limit and not all(meets(boxes, seed=seed) for seed in seeds):

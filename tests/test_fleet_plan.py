@@ -299,3 +299,14 @@ def test_bad_input_is_exit_2(args: list[str], message: str) -> None:
     result = fleet("plan", *args)
     assert result.code == 2, (args, result.stdout, result.stderr)
     assert message in result.stderr, result.stderr
+
+
+def test_the_pace_of_users_who_never_wait_is_their_interval() -> None:
+    """On a fleet with a box per user no turn waits: each user sends every think + turn seconds. The pace is
+    pooled over each user's own span (users who sent all their turns stop; one span for all would read low)."""
+    users, think = 40, 106.4
+    w = workload(users, think)
+    run = simulate(w, SERVICE, "sticky_least_loaded", default_urls(users), total_turns=2000)
+    mean_turn = sum(r.latency_s for r in run.measured) / len(run.measured)
+    assert max(r.wait_s for r in run.measured) == 0
+    assert run.pace_turns_per_min == pytest.approx(60 / (think + mean_turn), rel=0.03)

@@ -274,12 +274,15 @@ class Outcome:
 
     @property
     def pace_turns_per_min(self) -> float:
-        """Turns each user got through per minute over the measured span."""
-        turns = self.measured
-        if len(turns) < 2:
-            return 0.0
-        span = max(r.sent_s for r in turns) - min(r.sent_s for r in turns)
-        return 60.0 * (len(turns) - 1) / (self.users * span) if span > 0 else 0.0
+        """Turns a user gets through per minute: each user's gaps between measured turns, pooled. (One span for
+        all users would count the slowest user's end for everyone: a user who has sent all its turns stops,
+        and the pace would read low by the users already done.)"""
+        sent: dict[int, list[float]] = {}
+        for r in self.measured:
+            sent.setdefault(r.turn.user, []).append(r.sent_s)
+        gaps = sum(len(times) - 1 for times in sent.values())
+        span = sum(max(times) - min(times) for times in sent.values())
+        return 60.0 * gaps / span if span > 0 else 0.0
 
     @property
     def max_wait_s(self) -> float:

@@ -101,7 +101,7 @@ def test_size_fits_the_budget_beside_staging() -> None:
     assert (size.layers_per_gpu, size.staging) == (21, 8)
     assert size.used_bytes_per_gpu <= 14 * GIB < size.used_bytes_per_gpu + 21 * facts.expert_bytes
     assert size.pinned == round(0.2 * size.slots) and size.window == size.slots - size.pinned
-    assert size.engine_args() == {"pinned": size.pinned, "window": size.window, "slots": size.slots + 8}
+    assert size.engine_args == {"pinned": size.pinned, "window": size.window, "slots": size.slots + 8}
     assert size.host_pool_bytes == 42 * 288 * facts.expert_bytes
     # a batch of 4 sequences stages 32 misses a step, so fewer resident slots
     assert size_cache(facts, 14 * GIB, gpus=2, sequences=4).slots == size.slots - 24

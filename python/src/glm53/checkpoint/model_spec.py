@@ -29,6 +29,10 @@ class SpecMatch(_Strict):
     model_type: str
     quant_method: str
 
+    def fits(self, config: CheckpointConfig) -> bool:
+        """The checkpoint is of this family: its model_type and quantization method."""
+        return (config.model_type, config.quant_method) == (self.model_type, self.quant_method)
+
 
 class LayerPattern(_Strict):
     start: int
@@ -144,7 +148,7 @@ def detect_model_spec(config: CheckpointConfig | None) -> ModelSpec | None:
         return None
     for name in available_specs():
         spec = load_model_spec(name)
-        if (config.model_type, config.quant_method) == (spec.match.model_type, spec.match.quant_method):
+        if spec.match.fits(config):
             return spec
     return None
 

@@ -454,8 +454,6 @@ def expert_cache_cmd(
     plan = CachePlan(
         model=facts.name,
         size=size,
-        window=size.window,
-        engine_args=size.engine_args(),
         choice=choice,
         source=None if trace_path is None else str(trace_path),
     )

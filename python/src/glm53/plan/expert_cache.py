@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from glm53.errors import BadInput
 from glm53.plan.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
@@ -66,6 +66,7 @@ class CacheSize(BaseModel):
         """Resident slots as a share of the layer's experts (the planner's budget)."""
         return self.slots / self.experts
 
+    @property
     def engine_args(self) -> dict[str, int]:
         """What the lookup kernel is given per layer (`glm53_expert_cache.lookup`: pinned, window; the layer's
         slot pool has pinned + window + staging slots)."""
@@ -228,10 +229,19 @@ class CachePlan(BaseModel):
 
     model: str
     size: CacheSize
-    window: int
-    engine_args: dict[str, int]
     choice: PinnedChoice | None = None
     source: str | None = None
+
+    # In the report beside the size they come from, derived from it.
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def window(self) -> int:
+        return self.size.window
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def engine_args(self) -> dict[str, int]:
+        return self.size.engine_args
 
 
 __all__ = [

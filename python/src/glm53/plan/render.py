@@ -420,7 +420,7 @@ def render_expert_cache(plan: CachePlan, console: Console) -> None:
         f"per GPU: {_gib(size.used_bytes_per_gpu)} of {_gib(size.cache_bytes_per_gpu)} given; host pool (every "
         f"expert once, page-locked): {_gib(size.host_pool_bytes)}"
     )
-    console.print("lookup kernel per layer: " + ", ".join(f"{k}={v}" for k, v in plan.engine_args.items()))
+    console.print("lookup kernel per layer: " + ", ".join(f"{k}={v}" for k, v in size.engine_args.items()))
     choice = plan.choice
     if choice is None:
         console.print("pinned share: as given (no trace to choose it from)")

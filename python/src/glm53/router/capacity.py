@@ -123,6 +123,11 @@ class PlanInputs(BaseModel):
     seed: int = Field(0, ge=0, description="The first seed (same seeds, same answer).")
     max_boxes: int = Field(512, ge=1, le=MAX_BOXES, description="Largest fleet tried.")
 
+    @property
+    def pace_target(self) -> float:
+        """The least pace accepted, turns a minute: --min-pace x --turns-per-min."""
+        return self.min_pace * self.turns_per_min
+
 
 class Spread(BaseModel):
     """A figure over the seeds: median and range."""
@@ -260,7 +265,6 @@ class _Evaluator:
     ) -> None:
         self.inputs, self.service, self.policy, self.finish = inputs, service, policy, finish
         self.think_s = think_s
-        self.pace_target = inputs.min_pace * inputs.turns_per_min
         self.memo: dict[tuple[int, int], RunSummary] = {}
 
     def workload(self, seed: int) -> Workload:
@@ -295,7 +299,7 @@ class _Evaluator:
         return self.outcome(boxes, seed).p95 <= self.inputs.p95_seconds
 
     def pace_meets(self, boxes: int, seed: int) -> bool:
-        return self.outcome(boxes, seed).pace_turns_per_min >= self.pace_target
+        return self.outcome(boxes, seed).pace_turns_per_min >= self.inputs.pace_target
 
     def meets(self, boxes: int, seed: int) -> bool:
         return self.p95_meets(boxes, seed) and self.pace_meets(boxes, seed)
@@ -366,14 +370,12 @@ def _p95_meets(evaluator: _Evaluator, boxes: int, *, seed: int) -> bool:
 
 def _candidate(evaluator: _Evaluator, boxes: int, seeds: list[int]) -> Candidate:
     runs = [evaluator.outcome(boxes, seed) for seed in seeds]
-    p95 = [run.p95 for run in runs]
-    target = evaluator.inputs.p95_seconds
-    p95_ok = [v <= target for v in p95]
-    pace_ok = [run.pace_turns_per_min >= evaluator.pace_target for run in runs]
+    p95_ok = [evaluator.p95_meets(boxes, seed) for seed in seeds]
+    pace_ok = [evaluator.pace_meets(boxes, seed) for seed in seeds]
     return Candidate(
         boxes=boxes,
         p50_s=spread([run.p50 for run in runs]),
-        p95_s=spread(p95),
+        p95_s=spread([run.p95 for run in runs]),
         p99_s=spread([run.p99 for run in runs]),
         pace_turns_per_min=spread([run.pace_turns_per_min for run in runs]),
         cache_hit=spread([run.cache_hit for run in runs]),
@@ -420,7 +422,7 @@ def plan_policy(
     reason: str | None = None
     decided_by: Literal["p95", "pace"] | None = None
     if boxes is None:
-        missed = "the p95 target" if p95_only is None else f"the pace target ({evaluator.pace_target:.2f} turns/min)"
+        missed = "the p95 target" if p95_only is None else f"the pace target ({inputs.pace_target:.2f} turns/min)"
         reason = (
             f"{label}: no box count up to {limit} meets {missed} for every seed: this traffic needs more boxes "
             "than --max-boxes allows (raise it), or fewer users, a slower pace or a looser target"
@@ -530,7 +532,7 @@ def plan_fleet(inputs: PlanInputs) -> Plan:
         recommended=recommended,
         reason=reason,
         think_s=think,
-        pace_target_turns_per_min=inputs.min_pace * inputs.turns_per_min,
+        pace_target_turns_per_min=inputs.pace_target,
         pace_note=pace_note,
         rates=rates,
         cached_conversations=cached,

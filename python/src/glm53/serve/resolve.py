@@ -214,12 +214,11 @@ def check_exl3_checkpoint(model_dir: Path) -> None:
         raise BadInput(
             f"--model-dir {model_dir} has no config.json", hint=f"{GET_THE_CHECKPOINT}; it must be the whole directory"
         )
-    found = (config.model_type, config.quant_method)
-    wanted = (spec.match.model_type, spec.match.quant_method)
-    if found != wanted:
+    if not spec.match.fits(config):
         raise BadInput(
-            f"--model-dir {model_dir}: config.json describes model_type {found[0]!r} quantized by {found[1]!r}; "
-            f"the exl3 profiles serve {spec.description} (model_type {wanted[0]!r}, {wanted[1]!r})",
+            f"--model-dir {model_dir}: config.json describes model_type {config.model_type!r} quantized by "
+            f"{config.quant_method!r}; the exl3 profiles serve {spec.description} (model_type "
+            f"{spec.match.model_type!r}, {spec.match.quant_method!r})",
             hint=f"{GET_THE_CHECKPOINT}, or serve this model with a profile of its own engine",
         )
 

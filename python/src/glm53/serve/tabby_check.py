@@ -156,9 +156,10 @@ def wrong_commit(spec: LaunchSpec) -> BadInput | None:
     """A TabbyAPI tree that is a git checkout of another commit than the lock's (engine.tabbyapi.rev); None
     where it is the lock's, or cannot be told (a Nix store copy has no .git), or no lock is at hand."""
     directory = _tabby_dir(spec)
-    if directory is None or find_repro_lock(Path.cwd()) is None:
+    lock = find_repro_lock(Path.cwd())
+    if directory is None or lock is None:
         return None
-    pinned = load_repro_lock().engine.tabbyapi.rev
+    pinned = load_repro_lock(lock).engine.tabbyapi.rev
     found = checkout_commit(Path(directory))
     if found is None or pinned is None or found == pinned:
         return None

@@ -379,6 +379,25 @@ def test_what_tabbyapi_imports_is_checked_in_its_python_before_the_exec(tmp_path
     assert not check.checked and "ruamel.yaml (not installed)" in (check.reason or "")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[project]\ndependencies = ["uvicorn >= ", "loguru"]\n',  # a requirement no installer reads
+        '[project]\ndependencies = "uvicorn"\n',  # not a list
+        "[project\ndependencies = []\n",  # not TOML
+        "",  # no [project]
+    ],
+)
+def test_a_malformed_pyproject_is_named_not_a_crash(tmp_path: Path, text: str) -> None:
+    tree = tmp_path / "tabby"
+    shutil.copytree(STAND_IN, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "pyproject.toml").write_text(text)
+    with pytest.raises(Unavailable) as err:
+        require_tabby_config(_launch(tree))
+    assert "lacks what TabbyAPI imports: pyproject.toml (" in err.value.message
+    assert (tree / "pyproject.toml").read_text() == text
+
+
 def test_a_tree_without_its_pyproject_is_not_tabbyapi(tmp_path: Path) -> None:
     tree = tmp_path / "tabby"
     shutil.copytree(STAND_IN, tree, ignore=shutil.ignore_patterns("__pycache__", "pyproject.toml"))

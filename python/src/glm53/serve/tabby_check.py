@@ -58,9 +58,12 @@ declared = []
 try:
     with open(sys.argv[1] + "/pyproject.toml", "rb") as f:
         project = tomllib.load(f)["project"]
-    declared = [(text, True) for text in project["dependencies"]]
-    declared += [(text, False) for text in project.get("optional-dependencies", {}).get("cu12", [])]
-except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
+    runtime, cuda = project["dependencies"], project.get("optional-dependencies", {}).get("cu12", [])
+    for name, value in (("dependencies", runtime), ("optional-dependencies.cu12", cuda)):
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise TypeError(f"project.{name} is not a list of requirement strings")
+    declared = [(text, True) for text in runtime] + [(text, False) for text in cuda]
+except (OSError, KeyError, TypeError, AttributeError, tomllib.TOMLDecodeError) as exc:
     missing.append({"name": "pyproject.toml", "spec": "", "found": None, "why": f"{type(exc).__name__}: {exc}"})
 # a full distribution that provides the same modules as the one declared
 aliases = {"fastapi-slim": ["fastapi"]}
@@ -71,7 +74,11 @@ except ImportError:
     missing.append({"name": "packaging", "spec": "packaging", "found": None, "why": "not installed"})
 seen = set()
 for text, versioned in declared:
-    req = Requirement(text)
+    try:
+        req = Requirement(text)
+    except Exception as exc:  # packaging's InvalidRequirement: a line no installer could read either
+        missing.append({"name": "pyproject.toml", "spec": "", "found": None, "why": f"{text!r}: {exc}"})
+        continue
     if req.marker is not None and not req.marker.evaluate() or req.name.lower() in seen:
         continue
     seen.add(req.name.lower())

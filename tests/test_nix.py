@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,9 +178,13 @@ def test_the_build_time_check_decides_the_address_as_serve_does(tmp_path: Path, 
         assert "--host" in result.stderr
 
 
+# The glm53 of the interpreter running the tests, not the caller's $VIRTUAL_ENV (a shell's activated venv, which
+# need not be this checkout's).
+GLM53_EXE = Path(sys.executable).parent / "glm53"
+
+
 def run_glm53(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "glm53"
-    return subprocess.run([str(exe), *args], cwd=ROOT, env=NIX_ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(GLM53_EXE), *args], cwd=ROOT, env=NIX_ENV, capture_output=True, text=True, timeout=300)
 
 
 def test_audit_build_passes_a_deterministic_derivation(tmp_path: Path) -> None:
@@ -225,7 +230,7 @@ def test_audit_build_explains_a_missing_build_users_group(tmp_path: Path) -> Non
     env = {**NIX_ENV, "NIX_CONFIG": NIX_CONFIG + "\nbuild-users-group = glm53-no-such-group"}
     result = subprocess.run(
         [
-            str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "glm53"),
+            str(GLM53_EXE),
             "repro",
             "audit-build",
             "--file",

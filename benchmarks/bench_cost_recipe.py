@@ -3,7 +3,7 @@
 The recipe's policy (uniform slots, the hottest 20% pinned, rankings learned on the first 20%) is replayed at
 the recipe's budget, 3,106 expert slots a GPU (`glm53 plan --rig recipe-2x3090`: 74 or 73 a layer), over a
 synthetic GLM-5.3-shaped trace (the real model's routing is not public); each held-out step is priced by
-`glm53.plan.engine_cost` for every miss path, at the three published contexts. Then the same at fixed hit
+`glm53.plan.cache.engine_cost` for every miss path, at the three published contexts. Then the same at fixed hit
 rates, since the real traffic's hit rate is what the trace can only stand in for.
 
     python benchmarks/bench_cost_recipe.py [--steps 20000] [--seed 0] [--locality 0.3]
@@ -18,13 +18,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from glm53.plan.allocation import uniform_split
-from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_RANGE, compare_with_recipe
-from glm53.plan.kv_budget import derive_kv
-from glm53.plan.miss_ratio import rank_experts
-from glm53.plan.policies import pinned_lru_step_hits
-from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
+from glm53.plan.cache.allocation import uniform_split
+from glm53.plan.cache.engine_cost import MISS_PATHS, PUBLISHED_RANGE, compare_with_recipe
+from glm53.plan.cache.policies import pinned_lru_step_hits
+from glm53.plan.inputs.kv import derive_kv
+from glm53.plan.inputs.model import load_architecture
+from glm53.plan.routing.traces import SyntheticTraceSpec, rank_experts, synthesize_trace
 
 RECIPE_SLOTS = 3106  # per GPU at TP 2 (docs/plan.md, the GPU ledger of the recipe's rig)
 

@@ -9,7 +9,7 @@ Inputs, each printed with its source:
   (`glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090`: 1,848 resident experts' worth a GPU);
 - the hit rate: that cache replayed over a synthetic GLM-5.3-shaped trace (the real model's routing is not
   public), plain LRU, the recipe's 20% pinned and a 0.4 share, held-out after the rankings' learning part;
-- the GPU time per token of the rest: `glm53.plan.cost_model` (every weight a token reads once at the share of
+- the GPU time per token of the rest: `glm53.plan.cache.decode_cost` (every weight a token reads once at the share of
   the 3090's 936 GB/s EXL3 kernels reach at batch 1, `GPU_KERNEL_EFFICIENCY`; layer split: the two GPUs run
   one after the other, so only one PCIe link works at a time).
 
@@ -27,14 +27,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.cost_model import ASSUMED_GPU_MEMORY_BANDWIDTH, GPU_KERNEL_EFFICIENCY, build_cost_model
-from glm53.plan.engine_cost import PUBLISHED_RANGE
-from glm53.plan.expert_cache import size_cache
-from glm53.plan.kv_budget import derive_kv
-from glm53.plan.miss_ratio import rank_experts
-from glm53.plan.policies import pinned_lru_step_hits
-from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
+from glm53.plan.cache.decode_cost import GPU_KERNEL_EFFICIENCY, build_cost_model
+from glm53.plan.cache.engine_cost import PUBLISHED_RANGE
+from glm53.plan.cache.policies import pinned_lru_step_hits
+from glm53.plan.exllamav3.expert_cache import size_cache
+from glm53.plan.inputs.gpus import ASSUMED_GPU_MEMORY_BANDWIDTH
+from glm53.plan.inputs.kv import derive_kv
+from glm53.plan.inputs.model import load_architecture
+from glm53.plan.routing.traces import SyntheticTraceSpec, rank_experts, synthesize_trace
 
 MEASURED = Path(__file__).parent / "data" / "expert-cache-h200.json"
 PCIE4 = 25e9

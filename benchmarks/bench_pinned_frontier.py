@@ -19,8 +19,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from glm53.plan.targets import SAME_LEARNING_PART, pinned_frontier
-from glm53.plan.traces import parse_layers
+from glm53.plan.cache.targets import SAME_LEARNING_PART, pinned_frontier
+from glm53.plan.routing.traces import parse_layers
 
 
 def main() -> int:

@@ -24,9 +24,9 @@ import sys
 
 from rich.console import Console
 
-from glm53.plan.comparison import compare_policies
-from glm53.plan.render import render_comparison
-from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
+from glm53.plan.cache.compare import compare_policies
+from glm53.plan.cache.render import render_comparison
+from glm53.plan.routing.traces import SyntheticTraceSpec, synthesize_trace
 
 DEFAULT_DRIFT = ((0.5, 1.0), (0.15, 1.0), (0.5, 0.5))
 BUDGETS = (0.08, 0.17, 0.33)

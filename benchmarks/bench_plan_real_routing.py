@@ -16,9 +16,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from glm53.plan.comparison import parse_budgets
-from glm53.plan.targets import PolicyRate, evaluate_trace
-from glm53.plan.traces import read_trace
+from glm53.plan.cache.compare import parse_budgets
+from glm53.plan.cache.targets import PolicyRate, evaluate_trace
+from glm53.plan.routing.traces import read_trace
 
 
 def main() -> int:

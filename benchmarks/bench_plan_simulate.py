@@ -21,9 +21,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from glm53.plan.comparison import compare_policies, trace_cost_model
-from glm53.plan.render import render_comparison
-from glm53.plan.traces import SyntheticTraceSpec, read_trace, synthesize_trace
+from glm53.plan.cache.compare import compare_policies, trace_cost_model
+from glm53.plan.cache.render import render_comparison
+from glm53.plan.routing.traces import SyntheticTraceSpec, read_trace, synthesize_trace
 
 TARGET_GAIN_AT_17 = 0.04
 TARGET_SECONDS = 30.0

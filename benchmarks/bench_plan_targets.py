@@ -14,7 +14,7 @@ defaults and at its recommended setting (the measure it is chosen by: `engine_co
     python benchmarks/bench_plan_targets.py [--steps 6000] [--layers 8] [--seeds 0-4] [--shapes a,b] [--json F]
 
 Each row is `glm53 plan trace synth --shape NAME --seed N` (with --steps and --layers) recommended on
-its learning part by `glm53.plan.recommend.recommend`. The default size (8 MoE layers x 6,000 steps) keeps
+its learning part by `glm53.plan.cache.recommend.recommend`. The default size (8 MoE layers x 6,000 steps) keeps
 the whole table to about 20 minutes on two busy cores; --layers 42 --steps 20000 is GLM-5.3-Flash's shape.
 """
 
@@ -29,9 +29,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from glm53.plan.targets import ENGINES, LRU_THROUGH_SWAPS, PolicyRate, TargetRow, check_targets, evaluate_shape
-from glm53.plan.trace_shapes import SHAPES
-from glm53.plan.traces import parse_layers
+from glm53.plan.cache.targets import ENGINES, LRU_THROUGH_SWAPS, PolicyRate, TargetRow, check_targets, evaluate_shape
+from glm53.plan.routing.shapes import SHAPES
+from glm53.plan.routing.traces import parse_layers
 
 
 def exl3_rates(group: list[TargetRow]) -> str:

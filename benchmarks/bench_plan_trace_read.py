@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from glm53.plan.traces import SyntheticTraceSpec, read_trace, synthesize_trace, write_trace
+from glm53.plan.routing.traces import SyntheticTraceSpec, read_trace, synthesize_trace, write_trace
 
 
 def _best(path: Path, repeats: int) -> float:

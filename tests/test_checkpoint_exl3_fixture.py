@@ -17,7 +17,7 @@ import pytest
 
 from glm53.checkpoint.index_repair import check_index, install
 from glm53.checkpoint.safetensors_header import DTYPE_SIZES, read_safetensors_header
-from glm53.plan.checkpoint_facts import read_checkpoint_facts
+from glm53.plan.inputs.model import read_checkpoint_facts
 from tests.support.tiny_glm53 import TinySpec, exl3_linear
 
 FIXTURE = Path(__file__).parent / "fixtures" / "exl3"

@@ -200,8 +200,8 @@ def test_a_value_the_model_refuses_names_its_flag() -> None:
 def test_a_changed_default_in_the_library_models_shows_in_their_commands_help() -> None:
     """fleet plan, plan host and trace synth rebuilt from a model whose default changed, with no CLI edit."""
     from glm53.cli import fleet, plan
-    from glm53.plan.shape import ServingShape
-    from glm53.plan.trace_spec import SyntheticTraceSpec
+    from glm53.plan.inputs.shape import ServingShape
+    from glm53.plan.routing.spec import SyntheticTraceSpec
     from glm53.router.capacity import PlanInputs
 
     class FleetInputs(PlanInputs):
@@ -296,7 +296,7 @@ def test_a_bench_value_the_settings_refuse_names_its_flag() -> None:
 def test_plan_host_shows_the_recipe_profiles_values_as_its_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """ServingShape's defaults are the default profile's values: a changed profile changes plan host's help."""
     from glm53.cli import plan
-    from glm53.plan import shape
+    from glm53.plan.inputs import shape
     from glm53.recipe.profiles import DEFAULT_PROFILE, load_profile
 
     def host_help() -> str:

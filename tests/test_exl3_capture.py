@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.engine_cost import (
+from glm53.plan.cache.engine_cost import (
     SWAP_OVERHEAD_SECONDS,
     SWEEP_SECONDS,
     SWEEP_TURN_EXPERT_SECONDS,
     SWEEP_TURN_SECONDS,
 )
-from glm53.plan.exl3_capture import CapturedLayer, compare_capture, load_capture, save_capture
-from glm53.plan.policies import _sweep_points, sweep_triggers
-from glm53.plan.recommend import candidates
+from glm53.plan.cache.policies import _sweep_points, sweep_triggers
+from glm53.plan.cache.recommend import candidates
+from glm53.plan.exllamav3.capture import CapturedLayer, compare_capture, load_capture, save_capture
 
 CAPTURES = Path(__file__).parent / "fixtures" / "exl3-capture"
 

@@ -1,4 +1,4 @@
-"""The ExLlamaV3 planner (glm53.plan.exl3): ledgers, the offload choice, the decode model, dynamic placement,
+"""The ExLlamaV3 planner (glm53.plan.exllamav3.split): ledgers, the offload choice, the decode model, dynamic placement,
 the stats file and rigs; then `glm53 plan host --profile exl3-*` through the CLI entry point."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from numpy.typing import NDArray
 from glm53.constants import GIB
 from glm53.errors import BadInput
 from glm53.host.rig import Rig, RigGpu, load_rig, rig_topology
-from glm53.plan.checkpoint_facts import ModelFacts, load_architecture
-from glm53.plan.exl3 import (
+from glm53.plan.cache.policies import exl3_dynamic
+from glm53.plan.cache.recommend import SCORED_STEPS, TOLERANCE
+from glm53.plan.exllamav3.split import (
     ALLOCATOR_SLACK_BYTES,
     CUDA_CONTEXT_BYTES,
     HEADROOM_BYTES,
@@ -32,10 +33,10 @@ from glm53.plan.exl3 import (
     split_stats,
     static_cpu_experts,
 )
-from glm53.plan.planner import GpuSpec, Infeasible
-from glm53.plan.policies import exl3_dynamic
-from glm53.plan.recommend import SCORED_STEPS, TOLERANCE
-from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, synthesize_trace, write_counts, write_trace
+from glm53.plan.inputs.gpus import GpuSpec
+from glm53.plan.inputs.host_budget import Infeasible
+from glm53.plan.inputs.model import ModelFacts, load_architecture
+from glm53.plan.routing.traces import RoutingTrace, SyntheticTraceSpec, synthesize_trace, write_counts, write_trace
 from glm53.recipe.profiles import load_profile
 from tests.support.cli import run_with_capsys as run
 

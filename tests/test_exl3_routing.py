@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.exl3_capture import compare_capture, load_capture
-from glm53.plan.traces import read_trace
+from glm53.plan.exllamav3.capture import compare_capture, load_capture
+from glm53.plan.routing.traces import read_trace
 from glm53.recipe.profiles import load_profile
 from glm53.serve.launch import LaunchSpec
 from glm53.serve.resolve import ServeRequest, resolve_launch

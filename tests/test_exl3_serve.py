@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from glm53.errors import BadInput, Unavailable
-from glm53.plan.env import PLANNED_KEYS_EXL3
+from glm53.plan.vllm.env import PLANNED_KEYS_EXL3
 from glm53.recipe.profiles import CONFIG_SPECS, KEYS, Profile, load_profile, parse_env_text
 from glm53.serve.chat_template import bounded_template_path
 from glm53.serve.launch import LaunchSpec

@@ -1,4 +1,4 @@
-"""The GPU expert cache's policy, sizing and planner glue (`glm53.plan.expert_cache`, `glm53 plan expert-cache`).
+"""The GPU expert cache's policy, sizing and planner glue (`glm53.plan.exllamav3.expert_cache`, `plan expert-cache`).
 
 The policy is checked three ways: the lookup kernel's algorithm written out step by step (`replay_lookups`)
 equals the planner's vectorised simulator on arbitrary traces, and both equal the hit counts the CUDA kernel
@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glm53.errors import BadInput
-from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.expert_cache import check_trace_matches, replay_lookups, size_cache
-from glm53.plan.policies import pinned_lru_masks, pinned_lru_step_hits
-from glm53.plan.trace_spec import SyntheticTraceSpec
-from glm53.plan.traces import RoutingTrace, synthesize_trace, write_trace
+from glm53.plan.cache.policies import pinned_lru_masks, pinned_lru_step_hits
+from glm53.plan.exllamav3.expert_cache import check_trace_matches, replay_lookups, size_cache
+from glm53.plan.inputs.model import load_architecture
+from glm53.plan.routing.spec import SyntheticTraceSpec
+from glm53.plan.routing.traces import RoutingTrace, synthesize_trace, write_trace
 from tests.support.cli import run_with_capsys as run
 
 MEASURED = Path(__file__).parents[1] / "benchmarks" / "data" / "expert-cache-h200.json"

@@ -31,7 +31,7 @@ import glm53
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_bytes, atomic_write_text, parse_json, read_bytes_bounded
 from glm53.output import SafeConsole
-from glm53.plan.traces import read_trace
+from glm53.plan.routing.traces import read_trace
 from glm53.proc import TimedOut, check_commit, check_url, environment, run
 from glm53.safetext import hostname_problem, mask_secrets, printable
 from tests.support.cli import CliResult, run_glm53

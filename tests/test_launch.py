@@ -218,7 +218,7 @@ def test_plan_file_from_the_planner_layers_over_the_profile(tmp_path: Path) -> N
     # The file is written by the planner's own formatter (glm53 plan host --env): its profile keys
     # (CPU_OFFLOAD_GB, KV_CACHE_MEMORY_BYTES, ...) override the profile, --set still wins, the rest is
     # exported as is and HYBRID_MAIN_CPUS becomes the affinity.
-    from glm53.plan.env import env_lines
+    from glm53.plan.files import env_lines
     from tests.support.cli import run_glm53
 
     plan = tmp_path / "plan.env"

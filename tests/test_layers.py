@@ -6,7 +6,13 @@ relative ones resolved. An import between two packages must be an edge of ALLOWE
     errors, safetext, output, fsutil, proc -> host, checkpoint, recipe -> plan -> preflight -> serve
         -> repro, router, bench -> cli
 
-(a package imports only packages to its left; imports inside one package are always allowed). An import inside a
+(a package imports only packages to its left; imports inside one package are always allowed). Inside `plan`, the
+four systems are sub-packages in their own order (PLAN_ALLOWED):
+
+    finite, parallel, files -> inputs -> routing -> cache -> vllm, exllamav3
+
+and no module imports, through any chain, a module that imports it back (no cycle, type-only ones included). An
+import inside a
 function is only ever a heavy or optional third-party dependency, and a comment saying so (`# heavy: ...` or
 `# optional: ...`) stands on its line or on the line before it (a run of imports shares the comment above it).
 """
@@ -56,12 +62,24 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cli": _SERVED | {"repro", "router", "bench"},
 }
 
+# Inside plan: sub-package (or top-level module of plan) -> what of plan it may import. The two engines' planners
+# stand side by side and never read each other.
+_PLAN_BASE = frozenset({"finite", "parallel", "files"})
+PLAN_ALLOWED: dict[str, frozenset[str]] = {
+    **{name: frozenset() for name in _PLAN_BASE},
+    "inputs": _PLAN_BASE,
+    "routing": _PLAN_BASE | {"inputs"},
+    "cache": _PLAN_BASE | {"inputs", "routing"},
+    "vllm": _PLAN_BASE | {"inputs", "routing", "cache"},
+    "exllamav3": _PLAN_BASE | {"inputs", "routing", "cache"},
+}
+
 _MARKER = re.compile(r"#\s*(heavy|optional)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Import:
-    module: str  # the importing module, e.g. glm53.plan.planner
+    module: str  # the importing module, e.g. glm53.plan.vllm.planner
     line: int
     target: str  # the imported module (relative imports resolved), e.g. glm53.host.facts or numpy
     in_function: bool
@@ -77,9 +95,15 @@ MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
 def package_of(module: str) -> str:
-    """glm53.plan.planner -> plan; glm53.errors -> errors; glm53 -> glm53."""
+    """glm53.plan.vllm.planner -> plan; glm53.errors -> errors; glm53 -> glm53."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
+
+
+def plan_part(module: str) -> str | None:
+    """glm53.plan.cache.policies -> cache; glm53.plan.finite -> finite; glm53.plan -> None (its __init__)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "plan" else None
 
 
 def _comments(source: str) -> dict[int, str]:
@@ -155,6 +179,79 @@ def test_every_import_between_packages_follows_the_flow_order() -> None:
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
+def test_plan_is_its_four_systems_in_their_order() -> None:
+    parts = {plan_part(module) for module in MODULES} - {None}
+    assert parts == set(PLAN_ALLOWED), (
+        f"place these in PLAN_ALLOWED (and docs/architecture.md): {parts ^ set(PLAN_ALLOWED)}"
+    )
+    wrong = [
+        f"{found.module}:{found.line} imports {found.target} ({plan_part(found.module)} -> {plan_part(found.target)})"
+        for found in ALL_IMPORTS
+        if (source := plan_part(found.module)) is not None
+        and (target := plan_part(found.target)) is not None
+        and source != target
+        and target not in PLAN_ALLOWED[source]
+    ]
+    assert not wrong, "imports against plan's order:\n" + "\n".join(wrong)
+
+
+def _module_of(target: str) -> str | None:
+    """The module of glm53 an import reaches: itself, or the package a name was imported from."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted: a cycle lies inside each."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_import_cycle_not_even_a_type_only_one() -> None:
+    graph: dict[str, set[str]] = {module: set() for module in MODULES}
+    for found in ALL_IMPORTS:
+        target = _module_of(found.target) if _ours(found.target) else None
+        # A package's __init__ importing its own modules is how a package is read, not a cycle of its modules.
+        if target is not None and target != found.module and found.module != target.rpartition(".")[0]:
+            graph[found.module].add(target)
+    assert import_cycles(graph) == [], "import cycles (break each by moving the shared name down a layer)"
+
+
+def test_the_cycle_finder_finds_what_it_is_for() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
 def test_no_function_imports_a_module_of_glm53() -> None:
     inside = [f"{f.module}:{f.line} imports {f.target}" for f in ALL_IMPORTS if f.in_function and _ours(f.target)]
     assert not inside, "imports of glm53 inside functions (import at module level):\n" + "\n".join(inside)
@@ -185,9 +282,9 @@ def test_no_import_hides_in_a_call() -> None:
     [
         ("from . import doctor\n", "glm53.preflight", ["glm53.preflight.doctor"]),
         ("from .doctor import run_checks\n", "glm53.preflight.render", ["glm53.preflight.doctor"]),
-        ("from .. import errors\n", "glm53.plan.planner", ["glm53.errors"]),
-        ("from .. import __version__\n", "glm53.plan.planner", ["glm53"]),
-        ("from ..host import facts\n", "glm53.plan.planner", ["glm53.host"]),
+        ("from .. import errors\n", "glm53.plan.finite", ["glm53.errors"]),
+        ("from .. import __version__\n", "glm53.plan.finite", ["glm53"]),
+        ("from ..host import facts\n", "glm53.plan.finite", ["glm53.host"]),
     ],
 )
 def test_relative_imports_are_resolved(source: str, module: str, expected: list[str]) -> None:

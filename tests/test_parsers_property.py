@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from glm53.errors import BadInput
 from glm53.fsutil import parse_json, path_problem
 from glm53.output import SafeConsole
-from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
+from glm53.plan.routing.traces import RoutingCounts, RoutingTrace, read_routing_stats
 from glm53.proc import check_url
 from glm53.recipe.profiles import KEYS, load_profile, parse_env_text
 from glm53.repro.image import compare_image_tarballs

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.allocation import allocate_slots, uniform_split
+from glm53.plan.cache.allocation import allocate_slots, uniform_split
 
 
 def test_dp_does_not_starve_a_non_concave_layer() -> None:

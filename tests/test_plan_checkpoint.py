@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.checkpoint_facts import load_architecture, read_checkpoint_facts
+from glm53.plan.inputs.model import load_architecture, read_checkpoint_facts
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from glm53.host.topology import read_topology
-from glm53.plan.cpu_pools import plan_cpu_sets
+from glm53.plan.inputs.cpu_sets import plan_cpu_sets
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 
@@ -98,8 +98,9 @@ def test_single_socket_host_is_not_numa_placed() -> None:
 def test_plan_for_the_epyc_host_reads_the_gpus_nodes_from_nvml_and_sysfs() -> None:
     from glm53.host.facts import read_host_facts
     from glm53.host.gpus import read_gpus
-    from glm53.plan.checkpoint_facts import load_architecture
-    from glm53.plan.planner import ServingShape, build_plan, gpu_spec
+    from glm53.plan.inputs.gpus import gpu_spec
+    from glm53.plan.inputs.model import load_architecture
+    from glm53.plan.vllm.planner import ServingShape, build_plan
     from tests.support.fake_nvml import FakeGpu, FakeNvml
 
     nvml = FakeNvml(
@@ -117,8 +118,9 @@ def test_plan_for_the_epyc_host_reads_the_gpus_nodes_from_nvml_and_sysfs() -> No
 
 def test_gpus_given_by_size_are_not_numa_placed_and_the_plan_says_why() -> None:
     from glm53.host.facts import read_host_facts
-    from glm53.plan.checkpoint_facts import load_architecture
-    from glm53.plan.planner import GpuSpec, ServingShape, build_plan
+    from glm53.plan.inputs.gpus import GpuSpec
+    from glm53.plan.inputs.model import load_architecture
+    from glm53.plan.vllm.planner import ServingShape, build_plan
 
     gpus = [GpuSpec(index=i, total_bytes=48 << 30) for i in range(2)]
     plan = build_plan(load_architecture(), read_host_facts(EPYC, gpu_reader=list), gpus, ServingShape())

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.cache_plan import cross_fitted_hits, drift_case, hedged_split, learn_from_trace
-from glm53.plan.comparison import compare_policies
-from glm53.plan.miss_ratio import default_pinned_grid, layer_curves, rank_experts
-from glm53.plan.traces import SyntheticTraceSpec, drift_trace, parse_shifts, synthesize_trace
+from glm53.plan.cache.compare import compare_policies
+from glm53.plan.cache.hit_curves import default_pinned_grid, layer_curves
+from glm53.plan.cache.slots import cross_fitted_hits, drift_case, hedged_split, learn_from_trace
+from glm53.plan.routing.traces import SyntheticTraceSpec, drift_trace, parse_shifts, rank_experts, synthesize_trace
 
 SMALL = {"layers": tuple(range(6)), "experts": 64, "top_k": 4, "steps": 2500}
 

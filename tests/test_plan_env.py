@@ -9,8 +9,9 @@ import pytest
 from glm53.errors import BadInput, Unavailable
 from glm53.host.facts import read_host_facts
 from glm53.host.gpus import read_gpus
-from glm53.plan.env import env_lines, parse_capacity_plan, plan_serving_env
-from glm53.plan.planner import GpuSpec, gpu_spec
+from glm53.plan.files import env_lines
+from glm53.plan.inputs.gpus import GpuSpec, gpu_spec
+from glm53.plan.vllm.env import parse_capacity_plan, plan_serving_env
 from glm53.recipe.profiles import load_profile
 from tests.support.fake_nvml import FakeNvml, two_3090s
 

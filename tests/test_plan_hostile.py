@@ -12,8 +12,8 @@ import pytest
 
 from glm53.errors import BadInput, CheckFailed
 from glm53.plan.finite import require_finite
-from glm53.plan.planner import build_plan
-from glm53.plan.traces import RoutingTrace, read_routing_stats, read_trace
+from glm53.plan.routing.traces import RoutingTrace, read_routing_stats, read_trace
+from glm53.plan.vllm.planner import build_plan
 from tests.test_plan_cli import RIG, run
 
 HEADER = {"format": "glm53-routing-trace", "version": 1, "layers": [3, 4], "experts": 4, "top_k": 2}
@@ -146,8 +146,9 @@ def test_counts_are_strict(tmp_path: Path, value: str) -> None:
 
 def test_trace_with_another_top_k_is_refused_naming_both() -> None:
     from glm53.host.facts import read_host_facts
-    from glm53.plan.checkpoint_facts import load_architecture
-    from glm53.plan.planner import GpuSpec, ServingShape
+    from glm53.plan.inputs.gpus import GpuSpec
+    from glm53.plan.inputs.model import load_architecture
+    from glm53.plan.vllm.planner import ServingShape
 
     model = load_architecture()
     layers = model.moe_layers
@@ -199,7 +200,7 @@ def test_probe_arguments_are_checked_before_torch() -> None:
 
 @pytest.mark.parametrize(("key", "value"), [("num_hidden_layers", 10**20), ("n_routed_experts", -1)])
 def test_model_config_counts_are_bounded(tmp_path: Path, key: str, value: int) -> None:
-    from glm53.plan.checkpoint_facts import read_checkpoint_facts
+    from glm53.plan.inputs.model import read_checkpoint_facts
 
     (tmp_path / "config.json").write_text(
         json.dumps({key: value, "num_hidden_layers": 4, "n_routed_experts": 4} | {key: value})

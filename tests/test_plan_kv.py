@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.kv_budget import compare_with_reported, derive_kv
+from glm53.plan.inputs.kv import compare_with_reported, derive_kv
+from glm53.plan.inputs.model import load_architecture
 
 
 def test_derivation_per_token_and_per_sequence() -> None:

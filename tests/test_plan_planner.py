@@ -7,19 +7,16 @@ from pathlib import Path
 import pytest
 
 from glm53.host.facts import read_host_facts
-from glm53.plan.checkpoint_facts import (
+from glm53.plan.inputs.gpus import GpuSpec
+from glm53.plan.inputs.host_budget import Infeasible
+from glm53.plan.inputs.model import (
     ModelFacts,
     load_architecture,
     read_checkpoint_facts,
 )
-from glm53.plan.env import parse_capacity_plan, plan_env
-from glm53.plan.planner import (
-    GpuSpec,
-    Infeasible,
-    ServingShape,
-    build_plan,
-)
-from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
+from glm53.plan.routing.traces import SyntheticTraceSpec, synthesize_trace
+from glm53.plan.vllm.env import parse_capacity_plan, plan_env
+from glm53.plan.vllm.planner import ServingShape, build_plan
 from tests.support.tiny_glm53 import write_tiny_glm53_checkpoint
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

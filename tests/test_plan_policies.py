@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from glm53.plan import policies
-from glm53.plan.exl3 import static_cpu_experts
-from glm53.plan.policies import (
+from glm53.plan.cache import policies
+from glm53.plan.cache.policies import (
     _sweep_points,
     adaptive_frequency,
     decayed_frequency,
@@ -17,8 +16,9 @@ from glm53.plan.policies import (
     pinned_lru_step_hits,
     static_cpu_mask,
 )
-from glm53.plan.simulate import pinned_lru_hits
-from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
+from glm53.plan.cache.replay import pinned_lru_hits
+from glm53.plan.exllamav3.split import static_cpu_experts
+from glm53.plan.routing.traces import SyntheticTraceSpec, synthesize_trace
 
 SMALL = SyntheticTraceSpec(layers=(3, 4, 5), experts=40, top_k=4, steps=900, seed=1, skew_min=0.8, skew_max=1.4)
 

@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.engine_cost import MISS_PATHS, PUBLISHED_DECODE, engine_costs, exl3_step_cost, recipe_step_cost
-from glm53.plan.kv_budget import derive_kv
-from glm53.plan.policies import StepHits
-from glm53.plan.recommend import (
+from glm53.plan.cache.engine_cost import MISS_PATHS, PUBLISHED_DECODE, engine_costs, exl3_step_cost, recipe_step_cost
+from glm53.plan.cache.policies import StepHits
+from glm53.plan.cache.recommend import (
     EXL3_DEFAULT,
     LRU,
     SCORED_STEPS,
@@ -26,7 +24,7 @@ from glm53.plan.recommend import (
     recommend,
     replay,
 )
-from glm53.plan.targets import (
+from glm53.plan.cache.targets import (
     LRU_THROUGH_SWAPS,
     SAME_LEARNING_PART,
     check_targets,
@@ -34,9 +32,11 @@ from glm53.plan.targets import (
     evaluate_trace,
     pinned_frontier,
 )
-from glm53.plan.trace_import import import_trace
-from glm53.plan.trace_shapes import SHAPES, continued, make_shape, stress_scenarios
-from glm53.plan.traces import RoutingTrace, read_trace
+from glm53.plan.inputs.kv import derive_kv
+from glm53.plan.inputs.model import load_architecture
+from glm53.plan.routing.public import import_trace
+from glm53.plan.routing.shapes import SHAPES, continued, make_shape, stress_scenarios
+from glm53.plan.routing.traces import RoutingTrace, read_trace
 from glm53.recipe.profiles import KEYS, load_profile
 from tests.support.cli import run_with_capsys as run
 

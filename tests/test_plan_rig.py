@@ -12,7 +12,7 @@ from glm53.errors import BadInput
 from glm53.host.memory import read_host_memory
 from glm53.host.rig import load_rig, rig_names, rig_topology
 from glm53.host.topology import read_topology
-from glm53.plan.rig import CpuLayout, parse_cpus
+from glm53.plan.inputs.machine import CpuLayout, parse_cpus
 from tests.support.cli import run_glm53
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan import shape as shape_module
-from glm53.plan.shape import PROFILE_KEYS, ServingShape, serving_shape
+from glm53.plan.inputs import shape as shape_module
+from glm53.plan.inputs.shape import PROFILE_KEYS, ServingShape, serving_shape
 from glm53.recipe.profiles import DEFAULT_PROFILE, KEYS, load_profile
 
 

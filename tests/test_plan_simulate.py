@@ -5,13 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from glm53.plan.miss_ratio import (
-    default_pinned_grid,
-    layer_curves,
-    rank_experts,
-    stack_distances,
-)
-from glm53.plan.simulate import belady_hits, pinned_lru_hits
+from glm53.plan.cache.hit_curves import default_pinned_grid, layer_curves, stack_distances
+from glm53.plan.cache.replay import belady_hits, pinned_lru_hits
+from glm53.plan.routing.traces import rank_experts
 
 # Four steps of two accesses over experts 0..3 (worked through in docs/plan.md).
 HAND = np.array([[0, 1], [2, 0], [1, 3], [0, 2]])
@@ -91,8 +87,8 @@ def test_grid_must_start_at_zero() -> None:
 
 
 def test_comparison_is_the_same_on_one_or_two_processes() -> None:
-    from glm53.plan.comparison import compare_policies
-    from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace
+    from glm53.plan.cache.compare import compare_policies
+    from glm53.plan.routing.traces import SyntheticTraceSpec, synthesize_trace
 
     trace = synthesize_trace(SyntheticTraceSpec(layers=(3, 4, 5), experts=32, top_k=4, steps=300, seed=2))
     one = compare_policies(trace, (0.25, 0.5), workers=1)

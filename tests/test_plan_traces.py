@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from glm53.errors import BadInput
-from glm53.plan.traces import (
+from glm53.plan.routing.traces import (
     RoutingTrace,
     SyntheticTraceSpec,
     read_counts,
@@ -123,7 +123,7 @@ def test_split_learns_first_part() -> None:
 def test_binary_trace_round_trip_and_validation(tmp_path: Path) -> None:
     import io
 
-    from glm53.plan.traces import read_routing_stats, read_trace, write_trace
+    from glm53.plan.routing.traces import read_routing_stats, read_trace, write_trace
 
     trace = synthesize_trace(SyntheticTraceSpec(layers=(3, 4, 5), experts=16, top_k=4, steps=50))
     binary = tmp_path / "t.npz"

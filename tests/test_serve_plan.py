@@ -15,7 +15,7 @@ import glm53.serve.exec
 from glm53.errors import Unavailable
 from glm53.host.topology import parse_cpu_list
 from glm53.output import Output
-from glm53.plan.env import PLANNED_KEYS
+from glm53.plan.vllm.env import PLANNED_KEYS
 from glm53.recipe.profiles import load_profile
 from glm53.serve import start
 from glm53.serve.resolve import PLAN_THIS_HOST, ServeRequest, plan_on_this_host, resolve_launch

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import glm53
-from glm53.plan.traces import SyntheticTraceSpec, synthesize_trace, write_trace
+from glm53.plan.routing.traces import SyntheticTraceSpec, synthesize_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = str(Path(glm53.__file__).resolve().parents[1])

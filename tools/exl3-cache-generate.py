@@ -52,7 +52,7 @@ def main() -> int:
     from exllamav3.generator.sampler import ArgmaxSampler
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
-    from glm53.plan.policies import pinned_lru_step_hits
+    from glm53.plan.cache.policies import pinned_lru_step_hits
 
     # after torch, whose libraries the module links against
     cache_ext = importlib.import_module("glm53_expert_cache")

@@ -316,9 +316,9 @@ def main(argv: list[str]) -> int:
     import exllamav3_ext as ext  # ExLlamaV3 1.4.6's kernels, prebuilt by pkgs/exllamav3/build_ext.py
     import glm53_expert_cache as cache_ext
 
-    from glm53.plan.policies import pinned_lru_step_hits
-    from glm53.plan.trace_spec import SyntheticTraceSpec
-    from glm53.plan.traces import synthesize_trace
+    from glm53.plan.cache.policies import pinned_lru_step_hits
+    from glm53.plan.routing.spec import SyntheticTraceSpec
+    from glm53.plan.routing.traces import synthesize_trace
 
     report: dict = {
         "device": torch.cuda.get_device_name(),

@@ -127,7 +127,7 @@ for stage in "$@"; do
     pgrep -af "tabby/main.py|exllamav3" || echo "no process left"
     if [ -n "${CAPTURE:-}" ]; then
       ls -la "$out/capture"
-      python3 -c 'import sys; from pathlib import Path; from glm53.plan.exl3_capture import load_capture, compare_capture
+      python3 -c 'import sys; from pathlib import Path; from glm53.plan.exllamav3.capture import load_capture, compare_capture
 print(compare_capture(load_capture(Path(sys.argv[1]))).model_dump_json(exclude={"predicted_sweeps", "recorded_sweeps"}))' \
         "$out/capture/capture.npz"; echo "compare rc=$?"
       glm53 plan simulate "$out/capture/routing.npz" --budgets 0.5,0.75 --learn-fraction 0.3 --drift none \

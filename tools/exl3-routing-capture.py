@@ -9,7 +9,7 @@ at each queue drain the engine's placement. Here the generator drains after each
 both files rewritten.
 
 Output under --out:
-  capture.npz      the run as `glm53.plan.exl3_capture` reads it
+  capture.npz      the run as `glm53.plan.exllamav3.capture` reads it
   routing.npz      the decode steps every layer routed, in glm53's trace format: `glm53 plan simulate`
   compare.json     `compare_capture`: the sweeps predicted and recorded, swaps per layer, each split layer's
                    CPU-resident experts by the engine and by the replay
@@ -63,7 +63,7 @@ def main() -> int:
         }
     )
 
-    from glm53.plan.exl3_capture import compare_capture, decode_trace, load_capture
+    from glm53.plan.exllamav3.capture import compare_capture, decode_trace, load_capture
     from glm53.serve.exl3_routing import CAPTURE_NAME, install
 
     recorder = install(out)  # before ExLlamaV3 is imported: the hooks go in as it is

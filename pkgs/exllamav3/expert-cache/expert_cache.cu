@@ -2,7 +2,7 @@
 // rewrites the pointer tables `exl3_mgemm` / `exl3_moe` read (so hits and misses run through the unchanged
 // kernels, bit for bit), and a fetch kernel that fills the missed slots from mapped pinned host memory.
 //
-// Policy, per layer (the planner's cache model, glm53.plan.miss_ratio): slots [0, pinned) hold the layer's
+// Policy, per layer (the planner's cache model, glm53.plan.cache.hit_curves): slots [0, pinned) hold the layer's
 // hottest experts for good; the other slots run LRU with a window of `window` experts plus one step's staging.
 // A decode step looks its selections up in order; a hit refreshes its expert's stamp, a miss takes the
 // lowest free slot. Stamps are step * n + position, so recency ties inside a step break by position. After

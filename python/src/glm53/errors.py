@@ -2,7 +2,7 @@
 
     Glm53Error (exit 1)
      ├── CheckFailed          exit 1  a check ran and found a problem (mismatch, failed gate, failed doctor check)
-     │    └── Infeasible      exit 1  glm53.plan.planner: the request cannot be planned on this host
+     │    └── Infeasible      exit 1  glm53.plan.vllm.planner: the request cannot be planned on this host
      ├── BadInput             exit 2  the user's input is wrong: file, field or flag; nothing was changed
      └── Unavailable          exit 3  the environment cannot do it: no GPU, a missing library or program,
                                       the Hub or the server unreachable

@@ -25,12 +25,10 @@ from glm53.fsutil import atomic_write_json
 from glm53.host.rig import load_rig
 from glm53.host.topology import format_cpu_list
 from glm53.output import Output
-from glm53.plan.checkpoint_facts import model_facts
-from glm53.plan.comparison import add_engine_policies, compare_policies, parse_budgets, trace_cost_model
-from glm53.plan.env import RANKINGS_FILENAME, check_out_dir, env_lines, save_plan
-from glm53.plan.exl3 import plan_exl3_for_host
-from glm53.plan.exl3_save import PLACEMENT_LEARN_FRACTION, SPLIT_STATS_FILENAME, finish_exl3_plan
-from glm53.plan.expert_cache import (
+from glm53.plan.cache.compare import add_engine_policies, compare_policies, parse_budgets, trace_cost_model
+from glm53.plan.cache.plots import CURVES_PNG, POLICIES_PNG, plot_miss_ratio_curves
+from glm53.plan.cache.render import render_comparison
+from glm53.plan.exllamav3.expert_cache import (
     RECIPE_PINNED_FRACTION,
     CachePlan,
     check_pinned_fraction,
@@ -38,23 +36,21 @@ from glm53.plan.expert_cache import (
     choose_pinned_fraction,
     size_cache,
 )
+from glm53.plan.exllamav3.render import render_exl3_plan, render_expert_cache
+from glm53.plan.exllamav3.save import PLACEMENT_LEARN_FRACTION, SPLIT_STATS_FILENAME, finish_exl3_plan
+from glm53.plan.exllamav3.split import plan_exl3_for_host
+from glm53.plan.files import check_out_dir, env_lines
 from glm53.plan.finite import require_finite
-from glm53.plan.planner import plan_for_host
-from glm53.plan.plots import CURVES_PNG, POLICIES_PNG, plot_miss_ratio_curves
-from glm53.plan.render import (
-    render_comparison,
-    render_exl3_plan,
-    render_expert_cache,
-    render_plan,
-    render_synthetic_trace,
-)
-from glm53.plan.rig import target_from_options
-from glm53.plan.shape import ServingShape, serving_shape
-from glm53.plan.sizes import gpus_from_sizes, parse_size
-from glm53.plan.trace_import import IMPORT_FORMATS, import_trace
-from glm53.plan.trace_shapes import SHAPES, make_shape
-from glm53.plan.trace_spec import SynthesizedTrace, SyntheticTraceSpec, format_shifts
-from glm53.plan.traces import (
+from glm53.plan.inputs.gpus import gpus_from_sizes
+from glm53.plan.inputs.machine import target_from_options
+from glm53.plan.inputs.model import model_facts
+from glm53.plan.inputs.shape import ServingShape, serving_shape
+from glm53.plan.inputs.sizes import parse_size
+from glm53.plan.routing.public import IMPORT_FORMATS, import_trace
+from glm53.plan.routing.render import render_synthetic_trace
+from glm53.plan.routing.shapes import SHAPES, make_shape
+from glm53.plan.routing.spec import SynthesizedTrace, SyntheticTraceSpec, format_shifts
+from glm53.plan.routing.traces import (
     parse_layers,
     parse_shifts,
     read_routing_stats,
@@ -63,6 +59,9 @@ from glm53.plan.traces import (
     write_counts,
     write_trace,
 )
+from glm53.plan.vllm.env import RANKINGS_FILENAME, save_plan
+from glm53.plan.vllm.planner import plan_for_host
+from glm53.plan.vllm.render import render_plan
 from glm53.recipe.profiles import load_profile
 
 plan_app = App(

@@ -12,8 +12,8 @@ from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json
 from glm53.host.probe import timed_probe
 from glm53.output import Output
+from glm53.plan.cache.render import render_probe
 from glm53.plan.finite import require_finite
-from glm53.plan.render import render_probe
 
 
 def probe(

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_bytes_bounded, read_json
+from glm53.recipe.engine import Engine
 
 LOCK_NAME = "repro.lock.json"
 SCHEMA_VERSION = 1
@@ -118,7 +119,6 @@ class TabbyapiPin(_Strict):
         return self
 
 
-Engine = Literal["vllm", "exllamav3"]
 # A capability as TORCH_CUDA_ARCH_LIST writes it: "8.6", or "8.6+PTX" (kernels for 8.6 plus its PTX, which the
 # driver compiles for newer GPUs).
 _CAPABILITY = r"^[0-9]+\.[0-9]+(\+PTX)?$"

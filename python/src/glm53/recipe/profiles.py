@@ -29,14 +29,13 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
 from glm53.fsutil import parse_json, read_text_bounded
+from glm53.recipe.engine import ENGINES, Engine
 from glm53.safetext import printable
 
 Kind = Literal["str", "int", "float", "bool", "json", "path"]
 # flag: a vLLM command-line flag; env: exported to the engine's environment; config: a field of the engine's
 # own config file (TabbyAPI's config.yml); meta: read by glm53 itself (which engine serves the profile).
 Role = Literal["flag", "env", "config", "meta"]
-Engine = Literal["vllm", "exllamav3"]
-ENGINES: tuple[Engine, ...] = ("vllm", "exllamav3")
 Origin = Literal["profile", "plan", "env-file", "env", "set"]
 
 PROFILES_RESOURCE = "data/profiles"

@@ -14,7 +14,7 @@ The hooks, on ExLlamaV3 1.4.6 (499890c), are installed on its classes as soon as
   sweep came before, whether it ran inline, and the swaps each split layer made;
 - `Generator.on_queue_drained`: after it (and any sweep it ran), the pass is noted as a drain and the files are
   written: DIR/routing.npz (the decode steps, a glm53 routing trace) and, where the dynamic split runs,
-  DIR/capture.npz (`glm53.plan.exl3_capture`, with the engine's placement at that moment). Both are replaced
+  DIR/capture.npz (`glm53.plan.exllamav3.capture`, with the engine's placement at that moment). Both are replaced
   atomically at every drain, so a server stopped while idle leaves a complete record.
 
 The first MoE layer to route runs in every forward pass (prefill stops at the last layer's attention, never
@@ -39,9 +39,9 @@ from typing import Any
 
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_bytes
-from glm53.plan.exl3_capture import CapturedLayer, Exl3Capture, decode_trace, save_capture
-from glm53.plan.policies import INLINE_SWEEP_INTERVALS, SWAP_FLOOR, SWAP_HYSTERESIS, SWAP_INTERVAL, SWAP_MAX
-from glm53.plan.traces import write_trace
+from glm53.plan.cache.policies import INLINE_SWEEP_INTERVALS, SWAP_FLOOR, SWAP_HYSTERESIS, SWAP_INTERVAL, SWAP_MAX
+from glm53.plan.exllamav3.capture import CapturedLayer, Exl3Capture, decode_trace, save_capture
+from glm53.plan.routing.traces import write_trace
 
 CAPTURE_NAME = "capture.npz"
 TRACE_NAME = "routing.npz"

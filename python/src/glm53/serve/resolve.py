@@ -28,8 +28,8 @@ from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.native_libs import find_system_library, read_loader_view
 from glm53.host.rig import load_rig
 from glm53.host.topology import parse_cpu_list
-from glm53.plan.env import PLANNED_KEYS, PLANNED_KEYS_EXL3, plan_serving_env
-from glm53.plan.exl3 import Exl3Plan, plan_exl3_for_host
+from glm53.plan.exllamav3.split import Exl3Plan, plan_exl3_for_host
+from glm53.plan.vllm.env import PLANNED_KEYS, PLANNED_KEYS_EXL3, plan_serving_env
 from glm53.preflight.doctor import requirements_for
 from glm53.recipe.profiles import (
     DEFAULT_PROFILE,

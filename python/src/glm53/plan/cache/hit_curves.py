@@ -83,14 +83,6 @@ class LayerCurves:
         return row
 
 
-def rank_experts(counts: NDArray[np.integer]) -> NDArray[np.int64]:
-    """Hottest first; ties by expert id, so rankings are deterministic."""
-    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
-
-    order: NDArray[np.int64] = np.lexsort((np.arange(len(counts)), -np.asarray(counts))).astype(np.int64)
-    return order
-
-
 def default_pinned_grid(experts: int) -> NDArray[np.int64]:
     """Pinned counts the planner considers: every count up to 16, then steps of about 1/16 of the value.
 
@@ -181,6 +173,5 @@ __all__ = [
     "default_pinned_grid",
     "last_use_before_step",
     "layer_curves",
-    "rank_experts",
     "stack_distances",
 ]

@@ -20,16 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import read_json
 from glm53.host.probe import PROBE_FORMAT, MemoryKind, ProbeReport
-from glm53.plan.checkpoint_facts import ModelFacts
-from glm53.plan.kv_budget import KvDerivation
+from glm53.plan.inputs.gpus import ASSUMED_GPU_MEMORY_BANDWIDTH
+from glm53.plan.inputs.kv import KvDerivation
+from glm53.plan.inputs.model import ModelFacts
 
 # A PCIe 4.0 x16 link moves about 24-26 GB/s host->device from pinned memory in practice (31.5 GB/s raw).
 ASSUMED_HOST_TO_DEVICE = 24.0e9
-# RTX 3090 memory bandwidth (GDDR6X, 384-bit at 19.5 Gb/s).
-ASSUMED_GPU_MEMORY_BANDWIDTH = 936.2e9
 TP_ALLREDUCE_SECONDS = 2.5e-3  # per decode step with custom all-reduce off (no P2P on GeForce)
-# The EXL3 kernels' rates, shared by the ExLlamaV3 plan (glm53.plan.exl3) and the engines' step costs
-# (glm53.plan.engine_cost).
+# The EXL3 kernels' rates, shared by the ExLlamaV3 plan (glm53.plan.exllamav3.split) and the engines' step costs
+# (glm53.plan.cache.engine_cost).
 # Effective rate of ExLlamaV3's CPU mul1 kernels over the expert bytes they read, as a share of the host's
 # memory bandwidth: trellis decoding is arithmetic-heavy, so they do not stream at the bus rate.
 CPU_KERNEL_EFFICIENCY = 0.5

@@ -36,10 +36,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.engine_cost import StepCost, default_exl3_cost
-from glm53.plan.miss_ratio import rank_experts
-from glm53.plan.parallel import default_workers, layer_map
-from glm53.plan.policies import (
+from glm53.plan.cache.engine_cost import PolicyEngine, StepCost, default_exl3_cost
+from glm53.plan.cache.policies import (
     SWAP_FLOOR,
     SWAP_HYSTERESIS,
     SWAP_INTERVAL,
@@ -53,14 +51,14 @@ from glm53.plan.policies import (
     pinned_lru_masks,
     static_cpu_mask,
 )
-from glm53.plan.trace_shapes import stress_scenarios
-from glm53.plan.traces import RoutingTrace
+from glm53.plan.parallel import default_workers, layer_map
+from glm53.plan.routing.shapes import stress_scenarios
+from glm53.plan.routing.traces import RoutingTrace, rank_experts
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-Engine = Literal["vllm", "exllamav3", "proposed"]
 Family = Literal["pinned-lru", "exl3-static", "exl3-dynamic", "decayed-frequency", "adaptive-frequency"]
 
 # Among candidates whose worst scenario is within this share of the accesses of the best worst case, the best
@@ -99,7 +97,7 @@ class Candidate(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    engine: Engine
+    engine: PolicyEngine
     family: Family
     pinned_fraction: float | None = None
     interval: int | None = None
@@ -158,7 +156,7 @@ EXL3_DEFAULT = Candidate(
 )
 
 
-def candidates(engine: Engine) -> list[Candidate]:
+def candidates(engine: PolicyEngine) -> list[Candidate]:
     if engine == "vllm":
         return [Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p) for p in (0.0, 0.1, 0.2, 0.4, 0.6)]
     if engine == "exllamav3":
@@ -270,7 +268,7 @@ class EngineChoice(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    engine: Engine
+    engine: PolicyEngine
     choice: Candidate
     label: str
     measure: Literal["hit rate", "decode rate"] = "hit rate"  # what the gains are of (ScenarioScore.gain)
@@ -299,12 +297,12 @@ class Recommendation(BaseModel):
     scenarios: list[str]
     engines: list[EngineChoice]
 
-    def engine(self, name: Engine) -> EngineChoice:
+    def engine(self, name: PolicyEngine) -> EngineChoice:
         return next(choice for choice in self.engines if choice.engine == name)
 
 
 class _ScenarioTask(NamedTuple):
-    engine: Engine
+    engine: PolicyEngine
     name: str
     pool: list[Candidate]
     scenario: RoutingTrace
@@ -411,7 +409,7 @@ def recommend(
     trace: RoutingTrace,
     fraction: float,
     *,
-    engines: Sequence[Engine] = ("vllm", "exllamav3", "proposed"),
+    engines: Sequence[PolicyEngine] = ("vllm", "exllamav3", "proposed"),
     seed: int = 0,
     layer_limit: int = CHOICE_LAYERS,
     learn_steps: int | None = None,

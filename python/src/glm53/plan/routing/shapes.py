@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from glm53.errors import BadInput
-from glm53.plan.miss_ratio import rank_experts
-from glm53.plan.traces import RoutingTrace, SyntheticTraceSpec, drift_trace, synthesize_trace
+from glm53.plan.routing.traces import RoutingTrace, SyntheticTraceSpec, drift_trace, rank_experts, synthesize_trace
 
 if TYPE_CHECKING:
     import numpy as np

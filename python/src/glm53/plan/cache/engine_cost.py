@@ -30,9 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.checkpoint_facts import ModelFacts, load_architecture
-from glm53.plan.cost_model import (
-    ASSUMED_GPU_MEMORY_BANDWIDTH,
+from glm53.plan.cache.decode_cost import (
     ASSUMED_HOST_TO_DEVICE,
     CPU_HANDOFF_SECONDS,
     CPU_KERNEL_EFFICIENCY,
@@ -40,15 +38,18 @@ from glm53.plan.cost_model import (
     TP_ALLREDUCE_SECONDS,
     build_cost_model,
 )
-from glm53.plan.kv_budget import KvDerivation, derive_kv
+from glm53.plan.inputs.gpus import ASSUMED_GPU_MEMORY_BANDWIDTH
+from glm53.plan.inputs.kv import KvDerivation, derive_kv
+from glm53.plan.inputs.model import ModelFacts, load_architecture
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from glm53.plan.policies import StepHits
-    from glm53.plan.recommend import Engine
+    from glm53.plan.cache.policies import StepHits
 
+# Whose expert-placement policies are costed: a served engine, or the proposed cache no engine runs yet.
+PolicyEngine = Literal["vllm", "exllamav3", "proposed"]
 MissPath = Literal["copy", "copy-overlap", "cpu", "cpu+pcie"]
 MISS_PATHS: tuple[MissPath, ...] = ("copy", "copy-overlap", "cpu", "cpu+pcie")
 # What one ExLlamaV3 1.4.6 swap costs beyond moving its bytes: the checkpoint reads of its projections' tensors,
@@ -249,7 +250,7 @@ def default_exl3_cost(top_k: int) -> StepCost:
     return exl3_step_cost(load_architecture(), top_k=top_k)
 
 
-def engine_costs(experts: int, top_k: int, *, tensor_parallel_size: int = 2) -> dict[Engine, StepCost] | None:
+def engine_costs(experts: int, top_k: int, *, tensor_parallel_size: int = 2) -> dict[PolicyEngine, StepCost] | None:
     """Each engine's step cost on the recipe's rig, for a trace of `experts` experts and `top_k` selections a
     layer when it routes like the published architecture (None otherwise)."""
     model = load_architecture()

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput
-from glm53.plan.policies import sweep_layer, sweep_triggers
-from glm53.plan.traces import RoutingTrace
+from glm53.plan.cache.policies import sweep_layer, sweep_triggers
+from glm53.plan.routing.traces import RoutingTrace
 
 if TYPE_CHECKING:
     import numpy as np

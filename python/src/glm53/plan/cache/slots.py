@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
-from glm53.plan.allocation import allocate_slots, uniform_split
-from glm53.plan.miss_ratio import LayerCurves, best_splits, default_pinned_grid, layer_curves, rank_experts
+from glm53.plan.cache.allocation import allocate_slots, uniform_split
+from glm53.plan.cache.hit_curves import LayerCurves, best_splits, default_pinned_grid, layer_curves
+from glm53.plan.cache.recommend import Recommendation, recommend
+from glm53.plan.cache.replay import pinned_lru_hits
 from glm53.plan.parallel import default_workers, layer_map
-from glm53.plan.recommend import Recommendation, recommend
-from glm53.plan.simulate import pinned_lru_hits
-from glm53.plan.traces import RoutingCounts, RoutingTrace
+from glm53.plan.routing.traces import RoutingCounts, RoutingTrace, rank_experts
 
 if TYPE_CHECKING:
     import numpy as np

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from glm53.errors import Unavailable
-from glm53.plan.cache_plan import learn_from_trace
-from glm53.plan.comparison import ComparisonReport
-from glm53.plan.traces import RoutingTrace
+from glm53.plan.cache.compare import ComparisonReport
+from glm53.plan.cache.slots import learn_from_trace
+from glm53.plan.routing.traces import RoutingTrace
 
 # The files plot_miss_ratio_curves writes (the second only with a report).
 CURVES_PNG = "miss-ratio-curves.png"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.checkpoint_facts import ModelFacts
+from glm53.plan.inputs.model import ModelFacts
 
 BF16 = 2
 INDEXER_QUANT_BLOCK = 128  # values per fp32 scale in vLLM's indexer-key cache

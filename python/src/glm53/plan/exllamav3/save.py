@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.fsutil import atomic_write_json, atomic_write_text
-from glm53.plan.checkpoint_facts import ModelFacts
-from glm53.plan.engine_cost import exl3_step_cost
-from glm53.plan.env import env_lines, make_out_dir
-from glm53.plan.exl3 import Exl3Plan, compare_placements, counts_by_layer, split_stats
+from glm53.plan.cache.engine_cost import exl3_step_cost
+from glm53.plan.cache.recommend import recommend
+from glm53.plan.exllamav3.split import Exl3Plan, compare_placements, counts_by_layer, split_stats
+from glm53.plan.files import env_lines, make_out_dir
 from glm53.plan.finite import require_finite
-from glm53.plan.recommend import recommend
-from glm53.plan.traces import RoutingCounts, RoutingTrace
+from glm53.plan.inputs.model import ModelFacts
+from glm53.plan.routing.traces import RoutingCounts, RoutingTrace
 
 SPLIT_STATS_FILENAME = "exl3-split-stats.json"
 PLACEMENT_LEARN_FRACTION = 0.5

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from glm53.errors import BadInput
 from glm53.fsutil import parse_json, read_bytes_bounded
-from glm53.plan.trace_spec import MAX_EXPERTS
-from glm53.plan.traces import MAX_LAYER_ID, MAX_TRACE_BYTES, TRACE_FORMAT, RoutingTrace
+from glm53.plan.routing.spec import MAX_EXPERTS
+from glm53.plan.routing.traces import MAX_LAYER_ID, MAX_TRACE_BYTES, TRACE_FORMAT, RoutingTrace
 
 if TYPE_CHECKING:
     pass

@@ -24,7 +24,7 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from glm53.plan.miss_ratio import last_use_before_step
+from glm53.plan.cache.hit_curves import last_use_before_step
 
 if TYPE_CHECKING:
     import numpy as np

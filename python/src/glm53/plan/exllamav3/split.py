@@ -47,13 +47,14 @@ from glm53.errors import BadInput, Unavailable, invalid_document
 from glm53.host import facts as host_facts
 from glm53.host.memory import HostMemory
 from glm53.host.rig import rig_topology
-from glm53.plan.checkpoint_facts import ModelFacts, model_facts
-from glm53.plan.cost_model import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
-from glm53.plan.cpu_pools import plan_cpu_sets
-from glm53.plan.planner import GpuSpec, Infeasible, gpu_spec, host_budget
-from glm53.plan.policies import exl3_dynamic
-from glm53.plan.recommend import Recommendation
-from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
+from glm53.plan.cache.decode_cost import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
+from glm53.plan.cache.policies import exl3_dynamic
+from glm53.plan.cache.recommend import Recommendation
+from glm53.plan.inputs.cpu_sets import plan_cpu_sets
+from glm53.plan.inputs.gpus import GpuSpec, gpu_spec
+from glm53.plan.inputs.host_budget import Infeasible, host_budget
+from glm53.plan.inputs.model import ModelFacts, model_facts
+from glm53.plan.routing.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
     import numpy as np
@@ -187,7 +188,7 @@ class Exl3Plan(BaseModel):
     # With a routing trace: static placement learned on its first half against dynamic placement.
     placement: PlacementComparison | None = None
     split_stats_file: str | None = None  # EXL3_MOE_CPU_SPLIT_STATS written beside the plan
-    # With a routing trace and a split: the recommended placement setting (glm53.plan.recommend), whose
+    # With a routing trace and a split: the recommended placement setting (glm53.plan.cache.recommend), whose
     # variables plan.env carries.
     recommendation: Recommendation | None = None
 
@@ -433,29 +434,14 @@ def _smallest_offload(
     return None
 
 
-def plan_exl3(
-    model: ModelFacts,
-    gpus: Sequence[GpuSpec],
-    shape: Exl3Shape,
-    *,
-    host_budget: tuple[int, str],
-    cpu_pool: Sequence[int] = (),
-    main_cpus: Sequence[int] = (),
-    counts: dict[int, Sequence[float]] | None = None,
-    gpu_source: str = "this host",
-) -> Exl3Plan:
-    """The layer split, the CPU expert offload and the host RAM for serving `model` with ExLlamaV3."""
-    warnings: list[str] = []
-    if counts is not None:
-        check_counts(model, counts)
-    if len(gpus) < shape.gpus:
-        raise Infeasible(
-            f"the profile splits the layers over {shape.gpus} GPUs, {len(gpus)} found ({gpu_source})",
-            constraint="gpus",
-            fix=f"use a profile for {len(gpus)} GPU(s) (e.g. exl3-1gpu), or --set GPUS={len(gpus)}",
-        )
-    seqs = shape.max_num_seqs
-    cache_size = shape.cache_size or shape.max_model_len * seqs
+# A way to place the model: the mode, the routed experts each layer runs on the CPU, the GPU ledgers, the offload.
+_Placement = tuple[Mode, dict[int, int], list[Exl3GpuLedger], Exl3Offload]
+
+
+def _cache_size(model: ModelFacts, shape: Exl3Shape) -> int:
+    """The KV cache in tokens (MAX_MODEL_LEN x MAX_NUM_SEQS unless given), in whole pages; refuses a cache or a
+    context the engine cannot hold."""
+    cache_size = shape.cache_size or shape.max_model_len * shape.max_num_seqs
     cache_size = -(-cache_size // CACHE_PAGE) * CACHE_PAGE
     if cache_size < shape.max_model_len:
         raise BadInput(
@@ -467,6 +453,20 @@ def plan_exl3(
             f"MAX_MODEL_LEN={shape.max_model_len:,} is beyond the model's {model.max_position_embeddings:,} positions",
             hint=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
         )
+    return cache_size
+
+
+def _require_gpus(gpus: Sequence[GpuSpec], shape: Exl3Shape, gpu_source: str) -> None:
+    if len(gpus) < shape.gpus:
+        raise Infeasible(
+            f"the profile splits the layers over {shape.gpus} GPUs, {len(gpus)} found ({gpu_source})",
+            constraint="gpus",
+            fix=f"use a profile for {len(gpus)} GPU(s) (e.g. exl3-1gpu), or --set GPUS={len(gpus)}",
+        )
+
+
+def _gpu_budgets(gpus: Sequence[GpuSpec], shape: Exl3Shape) -> list[int]:
+    """What each GPU the profile splits over may hold; refuses one with no room at all."""
     budgets = [gpu_budget(gpu) for gpu in gpus[: shape.gpus]]
     for gpu, budget in zip(gpus, budgets, strict=False):
         if budget <= 0:
@@ -477,82 +477,111 @@ def plan_exl3(
                 constraint="gpu memory",
                 fix="free the GPU (nvidia-smi shows what holds it) or leave it out with GPUS",
             )
-    kv_token = kv_bytes_per_token(model, shape.cache_bits)
-    state_seq = recurrent_bytes_per_layer(model) * len(model.kda_layers)
-    every_expert = model.routed_expert_bytes
+    return budgets
+
+
+def _split_placement(
+    model: ModelFacts, gpus: Sequence[GpuSpec], shape: Exl3Shape, budgets: list[int], cache_size: int, shortfall: int
+) -> _Placement | None:
+    """The fewest coldest experts per layer, over the fewest layers, on the CPU."""
+    found = _smallest_split(model, gpus, shape, budgets, cache_size)
+    if found is None:
+        return None
+    k, layers, ledgers = found
+    reason = (
+        f"{shortfall / GIB:.2f} GiB do not fit on the GPUs: the {k} coldest of "
+        f"{model.n_routed_experts} experts of {layers} MoE layers run on the CPU "
+        f"({k * layers * model.expert_bytes / GIB:.2f} GiB)"
+    )
+    offload = Exl3Offload(
+        mode="split",
+        split_experts=k,
+        split_layers=layers,
+        cpu_layers=list(model.moe_layers[:layers]),
+        shortfall_bytes=shortfall,
+        reason=reason,
+    )
+    return "split", _split_counts(model, k, layers), ledgers, offload
+
+
+def _offload_placement(
+    model: ModelFacts, gpus: Sequence[GpuSpec], shape: Exl3Shape, budgets: list[int], cache_size: int, shortfall: int
+) -> _Placement | None:
+    """The fewest whole MoE layers on the CPU."""
+    found = _smallest_offload(model, gpus, shape, budgets, cache_size)
+    if found is None:
+        return None
+    layers, ledgers = found
+    reason = (
+        f"{shortfall / GIB:.2f} GiB do not fit on the GPUs: the routed experts of the first {layers} MoE "
+        f"layers run on the CPU ({layers * model.n_routed_experts * model.expert_bytes / GIB:.2f} GiB)"
+    )
+    offload = Exl3Offload(
+        mode="offload",
+        offload_layers=layers,
+        cpu_layers=list(model.moe_layers[:layers]),
+        shortfall_bytes=shortfall,
+        reason=reason,
+    )
+    return "offload", _offload_counts(model, layers), ledgers, offload
+
+
+def _fixed_bytes(model: ModelFacts, shape: Exl3Shape, cache_size: int) -> tuple[int, int, int]:
+    """(non-expert weights, KV cache, recurrent state) in bytes: what the GPUs hold whatever the experts do."""
+    cache = cache_size * kv_bytes_per_token(model, shape.cache_bits)
+    state = recurrent_bytes_per_layer(model) * len(model.kda_layers) * shape.max_num_seqs
+    return sum(layer_non_expert_bytes(model)), cache, state
+
+
+def _placements(
+    model: ModelFacts, gpus: Sequence[GpuSpec], shape: Exl3Shape, budgets: list[int], cache_size: int
+) -> list[_Placement]:
+    """Every way the profile's mode allows that fits on the GPUs: all on the GPUs when it fits (auto), else the
+    per-layer split and the whole-layer offload; refuses a model that fits in none."""
+    weights, cache, state = _fixed_bytes(model, shape, cache_size)
+    scratch = scratch_bytes(model, shape) * len(budgets)  # each GPU holds one prompt chunk's activations (`_place`)
+    shortfall = max(0, weights + model.routed_expert_bytes + cache + state + scratch - sum(budgets))
     gpu_all = _fits(model, gpus, shape, budgets, {}, cache_size)
-    candidates: list[tuple[Mode, dict[int, int], list[Exl3GpuLedger], Exl3Offload]] = []
-    total_budget = sum(budgets)
-    need = sum(layer_non_expert_bytes(model)) + every_expert + cache_size * kv_token + state_seq * seqs
-    shortfall = max(0, need + scratch_bytes(model, shape) * len(budgets) - total_budget)
     if gpu_all is not None and shape.mode == "auto":
         offload = Exl3Offload(mode="gpu", shortfall_bytes=0, reason="every routed expert fits on the GPUs")
-        candidates.append(("gpu", {}, gpu_all, offload))
-    else:
-        if shape.mode in ("auto", "split"):
-            found = _smallest_split(model, gpus, shape, budgets, cache_size)
-            if found is not None:
-                k, layers, ledgers = found
-                cpu = _split_counts(model, k, layers)
-                reason = (
-                    f"{shortfall / GIB:.2f} GiB do not fit on the GPUs: the {k} coldest of "
-                    f"{model.n_routed_experts} experts of {layers} MoE layers run on the CPU "
-                    f"({k * layers * model.expert_bytes / GIB:.2f} GiB)"
-                )
-                offload = Exl3Offload(
-                    mode="split",
-                    split_experts=k,
-                    split_layers=layers,
-                    cpu_layers=list(model.moe_layers[:layers]),
-                    shortfall_bytes=shortfall,
-                    reason=reason,
-                )
-                candidates.append(("split", cpu, ledgers, offload))
-        if shape.mode in ("auto", "offload"):
-            found_offload = _smallest_offload(model, gpus, shape, budgets, cache_size)
-            if found_offload is not None:
-                layers, ledgers = found_offload
-                cpu = _offload_counts(model, layers)
-                reason = (
-                    f"{shortfall / GIB:.2f} GiB do not fit on the GPUs: the routed experts of the first {layers} MoE "
-                    f"layers run on the CPU ({layers * model.n_routed_experts * model.expert_bytes / GIB:.2f} GiB)"
-                )
-                offload = Exl3Offload(
-                    mode="offload",
-                    offload_layers=layers,
-                    cpu_layers=list(model.moe_layers[:layers]),
-                    shortfall_bytes=shortfall,
-                    reason=reason,
-                )
-                candidates.append(("offload", cpu, ledgers, offload))
-    if not candidates:
-        # every GPU holds one prompt chunk's activations besides its layers (`_place`)
-        scratch = scratch_bytes(model, shape) * len(budgets)
-        fixed = sum(layer_non_expert_bytes(model)) + cache_size * kv_token + state_seq * seqs + scratch
+        return [("gpu", {}, gpu_all, offload)]
+    found: list[_Placement | None] = []
+    if shape.mode in ("auto", "split"):
+        found.append(_split_placement(model, gpus, shape, budgets, cache_size, shortfall))
+    if shape.mode in ("auto", "offload"):
+        found.append(_offload_placement(model, gpus, shape, budgets, cache_size, shortfall))
+    placements = [placement for placement in found if placement is not None]
+    if not placements:
+        fixed = weights + cache + state + scratch
         raise Infeasible(
-            f"even with every routed expert on the CPU, the non-expert weights "
-            f"({_size(sum(layer_non_expert_bytes(model)))}), "
-            f"the cache of {cache_size:,} tokens ({_size(cache_size * kv_token)}), the recurrent state "
-            f"({_size(state_seq * seqs)}) and a prompt chunk of {shape.chunk_size:,} tokens "
-            f"({_size(scratch)}) need {_size(fixed)}, more than the GPUs' {_size(total_budget)}"
-            + (" (a layer's parts do not split across GPUs)" if fixed <= total_budget else ""),
+            f"even with every routed expert on the CPU, the non-expert weights ({_size(weights)}), "
+            f"the cache of {cache_size:,} tokens ({_size(cache)}), the recurrent state "
+            f"({_size(state)}) and a prompt chunk of {shape.chunk_size:,} tokens "
+            f"({_size(scratch)}) need {_size(fixed)}, more than the GPUs' {_size(sum(budgets))}"
+            + (" (a layer's parts do not split across GPUs)" if fixed <= sum(budgets) else ""),
             constraint="gpu memory",
             fix="lower MAX_MODEL_LEN, MAX_NUM_SEQS or CHUNK_SIZE, use a quantized CACHE_MODE (Q8), or add a GPU",
         )
+    return placements
+
+
+def _host_need(model: ModelFacts, cpu: dict[int, int]) -> tuple[int, int, int]:
+    """(expert bytes, worker overhead, all the RAM the engine needs) with these experts on the CPU."""
+    experts = sum(cpu.values()) * model.expert_bytes
+    worker = WORKER_OVERHEAD_BYTES if experts else 0
+    return experts, worker, experts + worker + SERVER_OVERHEAD_BYTES
+
+
+def _fitting_in_ram(
+    model: ModelFacts, shape: Exl3Shape, placements: list[_Placement], host_budget: tuple[int, str], warnings: list[str]
+) -> list[_Placement]:
+    """The placements whose CPU experts also fit in RAM (the faster mode may hold more of them: whole-layer offload
+    moves experts in steps of a layer); each dropped one is a warning, none left is infeasible."""
     budget, source = host_budget
-
-    def host_need(cpu: dict[int, int]) -> tuple[int, int, int]:
-        """(expert bytes, worker overhead, all the RAM the engine needs) with these experts on the CPU."""
-        experts = sum(cpu.values()) * model.expert_bytes
-        worker = WORKER_OVERHEAD_BYTES if experts else 0
-        return experts, worker, experts + worker + SERVER_OVERHEAD_BYTES
-
-    # A mode is a candidate only if its experts also fit in RAM: the faster mode may hold more of them
-    # (whole-layer offload moves experts in steps of a layer).
-    fitting = [c for c in candidates if host_need(c[1])[2] <= budget]
+    fitting = [c for c in placements if _host_need(model, c[1])[2] <= budget]
     if not fitting:
-        _, cpu_least, _, _ = min(candidates, key=lambda c: host_need(c[1])[2])
-        cpu_bytes, worker, needed = host_need(cpu_least)
+        _, cpu_least, _, _ = min(placements, key=lambda c: _host_need(model, c[1])[2])
+        cpu_bytes, worker, needed = _host_need(model, cpu_least)
         ram = -(-(needed + shape.host_reserve_bytes) // (8 * GIB)) * 8
         raise Infeasible(
             f"the CPU worker holds {cpu_bytes / GIB:.2f} GiB of experts; with the worker and server "
@@ -561,20 +590,20 @@ def plan_exl3(
             constraint="host memory",
             fix=f"a host with at least {ram} GiB of RAM, or more GPU memory",
         )
-    for mode_dropped, cpu_dropped, _, _ in candidates:
-        if host_need(cpu_dropped)[2] > budget:
+    for mode_dropped, cpu_dropped, _, _ in placements:
+        if _host_need(model, cpu_dropped)[2] > budget:
             warnings.append(
-                f"{mode_dropped} mode would need {host_need(cpu_dropped)[2] / GIB:.2f} GiB of RAM, over the "
+                f"{mode_dropped} mode would need {_host_need(model, cpu_dropped)[2] / GIB:.2f} GiB of RAM, over the "
                 f"budget of {budget / GIB:.2f} GiB: not considered"
             )
-    predictions = [predict(model, gpus, shape, mode, cpu, counts) for mode, cpu, _, _ in fitting]
-    best = max(range(len(fitting)), key=lambda i: predictions[i].tokens_per_s)
-    mode, cpu_experts, ledgers, offload = fitting[best]
-    cpu_count = sum(cpu_experts.values())
-    cpu_bytes, worker, needed = host_need(cpu_experts)
-    threads = len(cpu_pool) or 1
-    if shape.pool_threads is not None:
-        threads = min(threads, shape.pool_threads)
+    return fitting
+
+
+def _engine_keys(
+    gpus: Sequence[GpuSpec], shape: Exl3Shape, placement: _Placement, cache_size: int, threads: int
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The profile keys this placement sets, and why each has its value."""
+    mode, cpu_experts, _, offload = placement
     env: dict[str, str] = {}
     origins: dict[str, str] = {}
 
@@ -598,25 +627,58 @@ def plan_exl3(
     else:
         put("CPU_MOE_OFFLOAD_LAYERS", "0", "every expert fits on the GPUs")
         put("EXL3_MOE_CPU_SPLIT", "0", "every expert fits on the GPUs")
-    if cpu_count:
+    if sum(cpu_experts.values()):
         put("EXL3_MOE_CPU_THREADS", str(threads), "the planned CPU pool's threads")
+    return env, origins
+
+
+def plan_exl3(
+    model: ModelFacts,
+    gpus: Sequence[GpuSpec],
+    shape: Exl3Shape,
+    *,
+    host_budget: tuple[int, str],
+    cpu_pool: Sequence[int] = (),
+    main_cpus: Sequence[int] = (),
+    counts: dict[int, Sequence[float]] | None = None,
+    gpu_source: str = "this host",
+) -> Exl3Plan:
+    """The layer split, the CPU expert offload and the host RAM for serving `model` with ExLlamaV3: every placement
+    that fits the GPUs and then the RAM, the fastest predicted of them, and the keys that make the engine run it."""
+    warnings: list[str] = []
+    if counts is not None:
+        check_counts(model, counts)
+    _require_gpus(gpus, shape, gpu_source)
+    cache_size = _cache_size(model, shape)
+    budgets = _gpu_budgets(gpus, shape)
+    fitting = _fitting_in_ram(model, shape, _placements(model, gpus, shape, budgets, cache_size), host_budget, warnings)
+    predictions = [predict(model, gpus, shape, mode, cpu, counts) for mode, cpu, _, _ in fitting]
+    best = max(range(len(fitting)), key=lambda i: predictions[i].tokens_per_s)
+    _, cpu_experts, ledgers, offload = fitting[best]
+    cpu_bytes, worker, needed = _host_need(model, cpu_experts)
+    threads = len(cpu_pool) or 1
+    if shape.pool_threads is not None:
+        threads = min(threads, shape.pool_threads)
+    env, origins = _engine_keys(gpus, shape, fitting[best], cache_size, threads)
+    kv_token = kv_bytes_per_token(model, shape.cache_bits)
     if kv_token and cache_size * kv_token > sum(g.total_bytes for g in gpus[: shape.gpus]) // 4:
         warnings.append(
             f"the cache of {cache_size:,} tokens takes {cache_size * kv_token / GIB:.1f} GiB of VRAM that could "
             "hold experts; a shorter MAX_MODEL_LEN or CACHE_MODE=Q8 moves experts back to the GPU"
         )
+    budget, source = host_budget
     return Exl3Plan(
         model=model.name,
         model_source=model.source,
         shape=shape,
         cache_size=cache_size,
         kv_bytes_per_token=kv_token,
-        recurrent_bytes_per_sequence=state_seq,
+        recurrent_bytes_per_sequence=recurrent_bytes_per_layer(model) * len(model.kda_layers),
         gpus=ledgers,
         host=Exl3HostLedger(
             budget_bytes=budget,
             budget_source=source,
-            cpu_experts=cpu_count,
+            cpu_experts=sum(cpu_experts.values()),
             cpu_expert_bytes=cpu_bytes,
             worker_overhead_bytes=worker,
             server_overhead_bytes=SERVER_OVERHEAD_BYTES,
@@ -634,7 +696,6 @@ def plan_exl3(
     )
 
 
-# ExLlamaV3's dynamic placement defaults (block_sparse_mlp_cpu.py: _split_swap_tick, _split_sweep_layer).
 SWAP_INTERVAL = 128
 SWAP_HYSTERESIS = 2.0
 SWAP_FLOOR = 8.0

@@ -5,7 +5,7 @@ Per MoE layer the cache holds `pinned` of the layer's hottest experts for good, 
 experts and `staging` slots for one decode step's misses (top_k per sequence). A step looks its selections up
 in order; a hit refreshes its expert, a miss takes the lowest free slot and is copied in from pinned host
 memory; afterwards the window keeps its `window` most recent unpinned experts, recency ordered by (step,
-position in the step). That is the step model `glm53.plan.miss_ratio` scores by stack distance and
+position in the step). That is the step model `glm53.plan.cache.hit_curves` scores by stack distance and
 `policies.pinned_lru_step_hits` replays, so the planner's simulator is the engine's policy: `replay_lookups`
 below is the lookup kernel written out step by step (the tests hold the two equal; on the GPU the kernel's
 per-layer counts equal the simulator's, `tools/exl3-expert-cache-bench.py`).
@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from glm53.errors import BadInput
-from glm53.plan.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
-from glm53.plan.trace_shapes import stress_scenarios
+from glm53.plan.cache.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
+from glm53.plan.routing.shapes import stress_scenarios
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from glm53.plan.checkpoint_facts import ModelFacts
-    from glm53.plan.traces import RoutingTrace
+    from glm53.plan.inputs.model import ModelFacts
+    from glm53.plan.routing.traces import RoutingTrace
 
 # The recipe's policy: the hottest 20% of each layer's slots pinned (EXL3_PINNED_FRAC).
 RECIPE_PINNED_FRACTION = 0.2

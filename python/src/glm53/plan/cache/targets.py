@@ -20,32 +20,23 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from glm53.plan.engine_cost import StepCost, default_exl3_cost, engine_costs
-from glm53.plan.policies import StepHits
-from glm53.plan.recommend import (
-    EXL3_DEFAULT,
-    LRU,
-    RECIPE,
-    Candidate,
-    Engine,
-    pinned_family,
-    recommend,
-    replay,
-)
-from glm53.plan.simulate import belady_hits
-from glm53.plan.trace_shapes import SHAPES, make_shape
-from glm53.plan.traces import RoutingTrace
+from glm53.plan.cache.engine_cost import PolicyEngine, StepCost, default_exl3_cost, engine_costs
+from glm53.plan.cache.policies import StepHits
+from glm53.plan.cache.recommend import EXL3_DEFAULT, LRU, RECIPE, Candidate, pinned_family, recommend, replay
+from glm53.plan.cache.replay import belady_hits
+from glm53.plan.routing.shapes import SHAPES, make_shape
+from glm53.plan.routing.traces import RoutingTrace
 
 BELOW_LRU = 0.0025
 OVER_RECIPE = 0.04
 GAP_CLOSED = 0.35
-ENGINES: tuple[Engine, ...] = ("vllm", "exllamav3", "proposed")
+ENGINES: tuple[PolicyEngine, ...] = ("vllm", "exllamav3", "proposed")
 
 
 class PolicyRate(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    engine: Engine
+    engine: PolicyEngine
     label: str
     hit_rate: float
     tokens_per_s: float | None = None  # as the engine pays its misses (engine_cost), where priced
@@ -64,10 +55,10 @@ class TargetRow(BaseModel):
     # Beside the recommendations: plain LRU, the recipe's policy and ExLlamaV3's defaults, priced.
     baselines: list[PolicyRate] = []
 
-    def rate(self, engine: Engine) -> float:
+    def rate(self, engine: PolicyEngine) -> float:
         return next(r.hit_rate for r in self.recommended if r.engine == engine)
 
-    def gap_closed(self, engine: Engine) -> float:
+    def gap_closed(self, engine: PolicyEngine) -> float:
         gap = self.belady - self.lru
         return (self.rate(engine) - self.lru) / gap if gap > 0 else 0.0
 
@@ -79,7 +70,7 @@ def evaluate_shape(
     steps: int = 20_000,
     layers: Sequence[int] = tuple(range(3, 45)),
     fractions: Sequence[float] = (0.08, 0.17, 0.33),
-    engines: Sequence[Engine] = ENGINES,
+    engines: Sequence[PolicyEngine] = ENGINES,
     priced: bool = False,
 ) -> list[TargetRow]:
     """The rows of one named shape; `priced`: with each engine's decode rate on the recipe's rig too."""
@@ -104,8 +95,8 @@ def evaluate_trace(
     name: str = "",
     seed: int = 0,
     fractions: Sequence[float] = (0.08, 0.17, 0.33),
-    engines: Sequence[Engine] = ENGINES,
-    costs: dict[Engine, StepCost] | None = None,
+    engines: Sequence[PolicyEngine] = ENGINES,
+    costs: dict[PolicyEngine, StepCost] | None = None,
 ) -> list[TargetRow]:
     """Recommend on the first `learn_steps` steps, then replay each choice (and the baselines) over the whole
     trace and score the rest; with `costs`, each engine's policies are priced as that engine pays misses."""
@@ -196,7 +187,7 @@ class TargetCheck(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     target: str
-    engine: Engine
+    engine: PolicyEngine
     value: float
     met: bool
     where: str
@@ -204,7 +195,7 @@ class TargetCheck(BaseModel):
 
 def _worst_margin(
     target: str,
-    engine: Engine,
+    engine: PolicyEngine,
     rows: Sequence[TargetRow],
     baseline: Callable[[TargetRow], float],
     floor: float,
@@ -217,7 +208,7 @@ def _worst_margin(
     return TargetCheck(target=target, engine=engine, value=value, met=value >= floor, where=where(worst))
 
 
-def check_targets(rows: Sequence[TargetRow], engines: Sequence[Engine] = ENGINES) -> list[TargetCheck]:
+def check_targets(rows: Sequence[TargetRow], engines: Sequence[PolicyEngine] = ENGINES) -> list[TargetCheck]:
     """The three targets per engine over the rows given (any shapes, seeds and budgets)."""
     import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 

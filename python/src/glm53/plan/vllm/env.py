@@ -16,16 +16,16 @@ Formats (docs/plan.md has the full text):
 from __future__ import annotations
 
 import os
-import shlex
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.host.topology import format_cpu_list
+from glm53.plan.files import env_lines, make_out_dir
 from glm53.plan.finite import require_finite
-from glm53.plan.planner import GpuSpec, Plan, plan_for_host, shape_from_profile
+from glm53.plan.inputs.gpus import GpuSpec
+from glm53.plan.vllm.planner import Plan, plan_for_host, shape_from_profile
 
 RANKINGS_FILENAME = "hot-rankings.json"
 # Every key `plan_env` can set, in its order: what a dry run names when this host cannot be planned.
@@ -42,7 +42,7 @@ PLANNED_KEYS = (
 )
 
 
-# What the ExLlamaV3 planner fills (glm53.plan.exl3).
+# What the ExLlamaV3 planner fills (glm53.plan.exllamav3.split).
 PLANNED_KEYS_EXL3 = (
     "GPU_SPLIT",
     "CACHE_SIZE",
@@ -89,35 +89,6 @@ def plan_env(plan: Plan, rankings_path: Path | None = None) -> dict[str, str]:
     env["EXL3_HYBRID_LAYERS"] = format_cpu_list(plan.moe_layers)
     env["OMP_NUM_THREADS"] = str(plan.cpu_sets.threads_per_rank)
     return env
-
-
-def env_lines(env: Mapping[str, str]) -> str:
-    """KEY=VALUE lines, values quoted for the shell where needed (';' in CPU lists)."""
-    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in env.items())
-
-
-def check_out_dir(directory: Path, *, what: str = "--out") -> None:
-    """Refuse an output directory that cannot be one (an existing file, a path through a file), before any work."""
-    for parent in (directory, *directory.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise BadInput(
-                    f"{what} {directory}: {parent} is a file, not a directory",
-                    hint=f"give {what} a directory (it is created, and plan.json, plan.env and the rankings go "
-                    "there), or another path",
-                )
-            return
-
-
-def make_out_dir(directory: Path, *, what: str = "--out") -> None:
-    check_out_dir(directory, what=what)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInput(
-            f"{what}: cannot create the directory {directory}: {exc.strerror}",
-            hint="check that its parent is writable, or give another path",
-        ) from exc
 
 
 def write_rankings(plan: Plan, directory: Path, *, what: str = "the rankings directory") -> Path | None:
@@ -192,8 +163,6 @@ __all__ = [
     "RANKINGS_FILENAME",
     "SavedPlan",
     "capacity_plan_text",
-    "check_out_dir",
-    "env_lines",
     "main_cpus",
     "parse_capacity_plan",
     "plan_env",

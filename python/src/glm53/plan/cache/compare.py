@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
-from glm53.plan.allocation import uniform_split
-from glm53.plan.cache_plan import RECIPE_PINNED_FRACTION, learn_from_trace, split_from_curves
-from glm53.plan.checkpoint_facts import load_architecture
-from glm53.plan.cost_model import CostModel, build_cost_model, read_probe_bandwidth
-from glm53.plan.engine_cost import engine_costs
-from glm53.plan.kv_budget import derive_kv
-from glm53.plan.miss_ratio import LayerCurves
+from glm53.plan.cache.allocation import uniform_split
+from glm53.plan.cache.decode_cost import CostModel, build_cost_model, read_probe_bandwidth
+from glm53.plan.cache.engine_cost import engine_costs
+from glm53.plan.cache.hit_curves import LayerCurves
+from glm53.plan.cache.replay import belady_hits, pinned_lru_hits
+from glm53.plan.cache.slots import RECIPE_PINNED_FRACTION, learn_from_trace, split_from_curves
+from glm53.plan.cache.targets import TargetRow, evaluate_trace
+from glm53.plan.inputs.kv import derive_kv
+from glm53.plan.inputs.model import load_architecture
 from glm53.plan.parallel import cpu_seconds, default_workers, layer_map
-from glm53.plan.simulate import belady_hits, pinned_lru_hits
-from glm53.plan.targets import TargetRow, evaluate_trace
-from glm53.plan.traces import RoutingTrace, drift_trace
+from glm53.plan.routing.traces import RoutingTrace, drift_trace
 
 if TYPE_CHECKING:
     import numpy as np

@@ -23,54 +23,28 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from glm53.constants import GIB
-from glm53.errors import BadInput, CheckFailed, Unavailable
+from glm53.constants import GIB, format_gib
+from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
 from glm53.host.facts import HostFacts, read_host_facts
-from glm53.host.gpus import GpuInfo
 from glm53.host.memory import HostMemory
-from glm53.host.topology import pci_device_numa_node
-from glm53.plan.cache_plan import CachePlan, plan_cache
-from glm53.plan.checkpoint_facts import ModelFacts, model_facts
-from glm53.plan.cost_model import (
-    ASSUMED_GPU_MEMORY_BANDWIDTH,
-    Bandwidth,
-    CostModel,
-    build_cost_model,
-    read_probe_bandwidth,
-)
-from glm53.plan.cpu_pools import CpuSets, plan_cpu_sets
-from glm53.plan.kv_budget import KvComparison, KvDerivation, compare_with_reported, derive_kv
-from glm53.plan.shape import ServingShape, shape_from_profile
-from glm53.plan.traces import RoutingCounts, RoutingTrace, read_routing_stats
+from glm53.plan.cache.decode_cost import Bandwidth, CostModel, build_cost_model, read_probe_bandwidth
+from glm53.plan.cache.slots import CachePlan, plan_cache
+from glm53.plan.inputs.cpu_sets import CpuSets, plan_cpu_sets
+from glm53.plan.inputs.gpus import GpuSpec, gpu_spec
+from glm53.plan.inputs.host_budget import Infeasible, host_budget, host_memory_fix
+from glm53.plan.inputs.kv import KvComparison, KvDerivation, compare_with_reported, derive_kv
+from glm53.plan.inputs.model import ModelFacts, model_facts
+from glm53.plan.inputs.shape import ServingShape, shape_from_profile
+from glm53.plan.routing.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
-    from glm53.plan.rig import Target
+    from glm53.plan.inputs.machine import Target
 
 PLAN_FORMAT = "glm53-plan"
 PLAN_VERSION = 1
-
-
-class Infeasible(CheckFailed):
-    """The request cannot be planned on this host; names the binding constraint and the smallest fix."""
-
-    def __init__(self, message: str, *, constraint: str, fix: str) -> None:
-        super().__init__(f"infeasible: {message}", hint=fix)
-        self.constraint = constraint
-
-
-class GpuSpec(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    index: int
-    name: str = "GPU"
-    total_bytes: int = Field(gt=0)
-    used_bytes: int = 0
-    memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH
-    pci_bus_id: str | None = None
-    numa_node: int | None = None  # the PCI device's NUMA node (sysfs); None: unknown or -1
 
 
 class GpuLedger(BaseModel):
@@ -143,65 +117,9 @@ def staging_slots_for(model: ModelFacts, shape: ServingShape) -> int:
     return min(model.n_routed_experts, model.num_experts_per_tok * shape.max_num_seqs)
 
 
-def host_budget(memory: HostMemory, reserve: int) -> tuple[int, str]:
-    """The cgroup limit when it is below MemTotal, else MemTotal rounded up to 8 GiB minus the reserve."""
-    total = memory.mem_total_bytes
-    if memory.cgroup_limit_bytes is not None and memory.cgroup_limit_bytes < total:
-        return (
-            memory.cgroup_limit_bytes,
-            f"cgroup v{memory.cgroup_version} limit ({memory.cgroup_limit_source})",
-        )
-    rounded = -(-total // (8 * GIB)) * 8 * GIB
-    budget = min(total, rounded - reserve)
-    return (
-        budget,
-        f"MemTotal {total / GIB:.1f} GiB rounded up to {rounded // GIB} GiB minus {reserve / GIB:g} GiB",
-    )
-
-
-def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"
-
-
-def _host_memory_fix(memory: HostMemory, needed: int, reserve: int) -> str:
-    """The smallest change: a higher cgroup limit when RAM would do, else the installed RAM needed."""
-    # Installed RAM is a multiple of 8 GiB; the budget is that minus the reserve.
-    ram = -(-(needed + reserve) // (8 * GIB)) * 8 * GIB
-    without_cgroup, _ = host_budget(memory.model_copy(update={"cgroup_limit_bytes": None}), reserve)
-    limited = memory.cgroup_limit_bytes is not None and memory.cgroup_limit_bytes < memory.mem_total_bytes
-    if limited and without_cgroup >= needed:
-        return f"raise the cgroup memory limit to at least {_gib(needed)} (systemd MemoryMax=, docker --memory)"
-    if limited:
-        return f"needs {_gib(needed)} of budget: {ram // GIB} GiB of RAM and a cgroup limit of at least that"
-    return f"needs {_gib(needed)} of budget: {ram // GIB} GiB of RAM ({_gib(reserve)} stays with the system)"
-
-
-def build_plan(
-    model: ModelFacts,
-    host: HostFacts,
-    gpus: list[GpuSpec],
-    shape: ServingShape,
-    *,
-    stats: RoutingTrace | RoutingCounts | None = None,
-    stats_source: str = "",
-    bandwidth: Bandwidth | None = None,
-    learn_fraction: float = 0.8,
-) -> Plan:
-    tp = shape.tensor_parallel_size
-    warnings: list[str] = []
-    if len(gpus) < tp:
-        raise Infeasible(
-            f"tensor parallelism {tp} needs {tp} GPUs, {len(gpus)} given",
-            constraint="gpus",
-            fix=f"set TENSOR_PARALLEL_SIZE={len(gpus)} or add GPUs" if gpus else "give --gpu-memory",
-        )
-    used_gpus = gpus[:tp]
-    if shape.max_model_len > model.max_position_embeddings:
-        raise BadInput(
-            f"MAX_MODEL_LEN {shape.max_model_len:,} exceeds the model's {model.max_position_embeddings:,} positions",
-            hint=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
-        )
-    derivation = derive_kv(model, tp)
+def _kv_plan(model: ModelFacts, shape: ServingShape, warnings: list[str]) -> KvPlan:
+    """The KV cache: given, or derived for MAX_MODEL_LEN x MAX_NUM_SEQS; a warning when it holds less."""
+    derivation = derive_kv(model, shape.tensor_parallel_size)
     if shape.kv_cache_memory_bytes is not None:
         kv_bytes, kv_source = shape.kv_cache_memory_bytes, "given"
     else:
@@ -215,70 +133,110 @@ def build_plan(
             "vLLM checks this at start (the recipe's vLLM reported 264,160 tokens for 3,328,599,040 B: "
             "see the KV derivation)"
         )
+    return KvPlan(
+        derivation=derivation,
+        kv_cache_memory_bytes=kv_bytes,
+        kv_source=kv_source,
+        tokens=kv_tokens,
+        recipe_comparison=compare_with_reported(derivation),
+    )
 
-    slot_bytes = model.expert_bytes_per_rank(tp)
-    weights = model.non_expert_bytes_per_rank(tp)
+
+class _RankBytes(BaseModel):
+    """What every rank holds besides its expert slots, and one slot's size."""
+
+    slot_bytes: int
+    weights: int
+    kv: int
+    workspace: int
+    headroom: int
+    staging_slots: int
+
+    @property
+    def staging(self) -> int:
+        return self.staging_slots * self.slot_bytes
+
+    @property
+    def fixed(self) -> int:
+        return self.weights + self.kv + self.workspace + self.headroom + self.staging
+
+
+def _rank_bytes(model: ModelFacts, shape: ServingShape, kv_bytes: int) -> _RankBytes:
+    tp = shape.tensor_parallel_size
     workspace = shape.gpu_workspace_bytes if shape.gpu_workspace_bytes is not None else workspace_estimate(model, shape)
+    return _RankBytes(
+        slot_bytes=model.expert_bytes_per_rank(tp),
+        weights=model.non_expert_bytes_per_rank(tp),
+        kv=kv_bytes,
+        workspace=workspace,
+        headroom=shape.gpu_headroom_bytes,
+        staging_slots=staging_slots_for(model, shape),
+    )
+
+
+def _expert_slots(model: ModelFacts, gpus: list[GpuSpec], shape: ServingShape, rank: _RankBytes, kv: KvPlan) -> int:
+    """The expert slots per rank: what the tightest GPU's budget leaves, at least top_k a layer, at most every
+    expert; refuses a GPU already in use past its share, or one that cannot hold the minimum cache."""
+    tp = shape.tensor_parallel_size
     layers = model.moe_layers
-    staging_slots = staging_slots_for(model, shape)
-    staging = staging_slots * slot_bytes
     min_slots = model.num_experts_per_tok * len(layers)
-    max_slots = model.n_routed_experts * len(layers)
     free_per_gpu: list[int] = []
-    for gpu in used_gpus:
+    for gpu in gpus:
         budget = int(gpu.total_bytes * shape.gpu_memory_utilization)
         if gpu.used_bytes > gpu.total_bytes - budget:
             raise Infeasible(
-                f"GPU {gpu.index} already has {_gib(gpu.used_bytes)} in use; GPU_MEMORY_UTILIZATION "
-                f"{shape.gpu_memory_utilization} leaves only {_gib(gpu.total_bytes - budget)} for others",
+                f"GPU {gpu.index} already has {format_gib(gpu.used_bytes)} in use; GPU_MEMORY_UTILIZATION "
+                f"{shape.gpu_memory_utilization} leaves only {format_gib(gpu.total_bytes - budget)} for others",
                 constraint=f"gpu{gpu.index} memory in use",
                 fix=f"stop what uses GPU {gpu.index}, or set GPU_MEMORY_UTILIZATION="
                 f"{math.floor((gpu.total_bytes - gpu.used_bytes) / gpu.total_bytes * 100) / 100}",
             )
-        free_per_gpu.append(budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes - staging)
-    tightest = min(range(len(used_gpus)), key=lambda i: free_per_gpu[i])
-    free = free_per_gpu[tightest]
-    gpu = used_gpus[tightest]
-    fixed = weights + workspace + shape.gpu_headroom_bytes + staging + min_slots * slot_bytes
+        free_per_gpu.append(budget - rank.fixed)
+    tightest = min(range(len(gpus)), key=lambda i: free_per_gpu[i])
+    gpu = gpus[tightest]
+    fixed = rank.weights + rank.workspace + rank.headroom + rank.staging + min_slots * rank.slot_bytes
     budget_tight = int(gpu.total_bytes * shape.gpu_memory_utilization)
     if fixed > budget_tight:
-        needed = fixed + kv_bytes
         raise Infeasible(
-            f"GPU {gpu.index}: weights {_gib(weights)} + workspace {_gib(workspace)} + headroom "
-            f"{_gib(shape.gpu_headroom_bytes)} + expert staging {_gib(staging)} + the minimum expert cache "
-            f"({model.num_experts_per_tok} slots x "
-            f"{len(layers)} layers = {_gib(min_slots * slot_bytes)}) exceed its budget {_gib(budget_tight)}",
+            f"GPU {gpu.index}: weights {format_gib(rank.weights)} + workspace {format_gib(rank.workspace)} + "
+            f"headroom {format_gib(rank.headroom)} + expert staging {format_gib(rank.staging)} + the minimum expert "
+            f"cache ({model.num_experts_per_tok} slots x "
+            f"{len(layers)} layers = {format_gib(min_slots * rank.slot_bytes)}) exceed its budget "
+            f"{format_gib(budget_tight)}",
             constraint=f"gpu{gpu.index} memory",
             fix=f"more tensor parallelism (TENSOR_PARALLEL_SIZE={tp * 2}) or GPUs with at least "
-            f"{_gib(needed / shape.gpu_memory_utilization)} each",
+            f"{format_gib((fixed + rank.kv) / shape.gpu_memory_utilization)} each",
         )
-    slots = free // slot_bytes
+    slots = free_per_gpu[tightest] // rank.slot_bytes
     if slots < min_slots:
         kv_fit = budget_tight - fixed
-        tokens_fit = derivation.tokens_for(kv_fit, shape.max_num_seqs)
+        tokens_fit = kv.derivation.tokens_for(kv_fit, shape.max_num_seqs)
         raise Infeasible(
-            f"GPU {gpu.index}: after weights, {_gib(kv_bytes)} of KV and workspace, room is left for "
+            f"GPU {gpu.index}: after weights, {format_gib(rank.kv)} of KV and workspace, room is left for "
             f"{max(0, slots)} "
             f"expert slots; every MoE layer needs {model.num_experts_per_tok} ({min_slots} in all)",
             constraint=f"gpu{gpu.index} memory (KV cache)",
             fix=f"the largest context that fits is {tokens_fit:,} tokens: set MAX_MODEL_LEN={tokens_fit} and "
             f"KV_CACHE_MEMORY_BYTES={kv_fit}, or raise GPU_MEMORY_UTILIZATION",
         )
-    slots = min(slots, max_slots)
+    return min(slots, model.n_routed_experts * len(layers))
 
-    memory = host.require_memory()
+
+def _host_ledger(model: ModelFacts, memory: HostMemory, shape: ServingShape, slot_bytes: int) -> HostLedger:
+    """Every rank's shard of every routed expert pinned, plus the serving overhead, within the host's budget."""
+    tp = shape.tensor_parallel_size
     host_budget_bytes, budget_source = host_budget(memory, shape.host_reserve_bytes)
     pinned_pool = tp * slot_bytes * model.total_experts
     needed_host = pinned_pool + shape.serving_overhead_bytes
     if needed_host > host_budget_bytes:
         raise Infeasible(
-            f"host memory: the pinned expert pool {_gib(pinned_pool)} ({tp} ranks x {model.total_experts:,} "
-            f"experts x {slot_bytes:,} B) + serving overhead {_gib(shape.serving_overhead_bytes)} exceed "
-            f"the budget {_gib(host_budget_bytes)} ({budget_source})",
+            f"host memory: the pinned expert pool {format_gib(pinned_pool)} ({tp} ranks x {model.total_experts:,} "
+            f"experts x {slot_bytes:,} B) + serving overhead {format_gib(shape.serving_overhead_bytes)} exceed "
+            f"the budget {format_gib(host_budget_bytes)} ({budget_source})",
             constraint="host memory",
-            fix=_host_memory_fix(memory, needed_host, shape.host_reserve_bytes),
+            fix=host_memory_fix(memory, needed_host, shape.host_reserve_bytes),
         )
-    host_ledger = HostLedger(
+    return HostLedger(
         mem_total_bytes=memory.mem_total_bytes,
         budget_bytes=host_budget_bytes,
         budget_source=budget_source,
@@ -289,44 +247,90 @@ def build_plan(
         cpu_offload_gb=math.ceil(slot_bytes * model.total_experts / GIB),
     )
 
+
+def _gpu_ledgers(gpus: list[GpuSpec], shape: ServingShape, rank: _RankBytes, cache: CachePlan) -> list[GpuLedger]:
+    cache_bytes = cache.total_slots * rank.slot_bytes
+    ledgers = []
+    for spec in gpus:
+        budget = int(spec.total_bytes * shape.gpu_memory_utilization)
+        ledgers.append(
+            GpuLedger(
+                index=spec.index,
+                name=spec.name,
+                total_bytes=spec.total_bytes,
+                budget_bytes=budget,
+                weights_bytes=rank.weights,
+                kv_bytes=rank.kv,
+                workspace_bytes=rank.workspace,
+                headroom_bytes=rank.headroom,
+                expert_slots=cache.total_slots,
+                expert_slot_bytes=rank.slot_bytes,
+                expert_cache_bytes=cache_bytes,
+                staging_slots=rank.staging_slots,
+                staging_bytes=rank.staging,
+                unused_bytes=budget - rank.fixed - cache_bytes,
+            )
+        )
+    return ledgers
+
+
+def _check_request(model: ModelFacts, gpus: list[GpuSpec], shape: ServingShape) -> None:
+    tp = shape.tensor_parallel_size
+    if len(gpus) < tp:
+        raise Infeasible(
+            f"tensor parallelism {tp} needs {tp} GPUs, {len(gpus)} given",
+            constraint="gpus",
+            fix=f"set TENSOR_PARALLEL_SIZE={len(gpus)} or add GPUs" if gpus else "give --gpu-memory",
+        )
+    if shape.max_model_len > model.max_position_embeddings:
+        raise BadInput(
+            f"MAX_MODEL_LEN {shape.max_model_len:,} exceeds the model's {model.max_position_embeddings:,} positions",
+            hint=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
+        )
+
+
+def _check_trace_top_k(model: ModelFacts, stats: RoutingTrace | RoutingCounts | None, source: str) -> None:
     if isinstance(stats, RoutingTrace) and stats.top_k != model.num_experts_per_tok:
         raise BadInput(
-            f"routing trace {stats_source or '(given)'} was recorded with top_k {stats.top_k}, "
+            f"routing trace {source or '(given)'} was recorded with top_k {stats.top_k}, "
             f"the model routes each token to {model.num_experts_per_tok} experts (top_k "
             f"{model.num_experts_per_tok})",
             hint="record the trace with this model, or give routing counts instead",
         )
+
+
+def build_plan(
+    model: ModelFacts,
+    host: HostFacts,
+    gpus: list[GpuSpec],
+    shape: ServingShape,
+    *,
+    stats: RoutingTrace | RoutingCounts | None = None,
+    stats_source: str = "",
+    bandwidth: Bandwidth | None = None,
+    learn_fraction: float = 0.8,
+) -> Plan:
+    """The plan, stage by stage: the KV cache, the expert slots the tightest GPU leaves, the pinned host pool, the
+    slots' split per layer (from the routing statistics), the CPU sets and the predicted decode rate."""
+    tp = shape.tensor_parallel_size
+    warnings: list[str] = []
+    _check_request(model, gpus, shape)
+    used_gpus = gpus[:tp]
+    kv = _kv_plan(model, shape, warnings)
+    rank = _rank_bytes(model, shape, kv.kv_cache_memory_bytes)
+    slots = _expert_slots(model, used_gpus, shape, rank, kv)
+    memory = host.require_memory()
+    host_ledger = _host_ledger(model, memory, shape, rank.slot_bytes)
+    _check_trace_top_k(model, stats, stats_source)
     cache = plan_cache(
         stats,
-        layers,
+        model.moe_layers,
         model.n_routed_experts,
         slots,
         min_slots=model.num_experts_per_tok,
         learn_fraction=learn_fraction,
         source=stats_source,
     )
-    ledgers = []
-    for gpu_spec in used_gpus:
-        budget = int(gpu_spec.total_bytes * shape.gpu_memory_utilization)
-        cache_bytes = cache.total_slots * slot_bytes
-        ledgers.append(
-            GpuLedger(
-                index=gpu_spec.index,
-                name=gpu_spec.name,
-                total_bytes=gpu_spec.total_bytes,
-                budget_bytes=budget,
-                weights_bytes=weights,
-                kv_bytes=kv_bytes,
-                workspace_bytes=workspace,
-                headroom_bytes=shape.gpu_headroom_bytes,
-                expert_slots=cache.total_slots,
-                expert_slot_bytes=slot_bytes,
-                expert_cache_bytes=cache_bytes,
-                staging_slots=staging_slots,
-                staging_bytes=staging,
-                unused_bytes=budget - weights - kv_bytes - workspace - shape.gpu_headroom_bytes - staging - cache_bytes,
-            )
-        )
     cpu_sets = plan_cpu_sets(
         host.require_topology(),
         tp,
@@ -338,29 +342,24 @@ def build_plan(
         warnings.append("no CPU pool threads: every core stays with serving (too few cores per L3 domain)")
     cost = build_cost_model(
         model,
-        derivation,
+        kv.derivation,
         tensor_parallel_size=tp,
         bandwidth=bandwidth,
         context_tokens=shape.decode_context_tokens,
         gpu_memory_bandwidth=min(g.memory_bandwidth for g in used_gpus),
     )
+    needed_host = host_ledger.pinned_pool_bytes + host_ledger.serving_overhead_bytes
     if memory.mem_available_bytes is not None and memory.mem_available_bytes < needed_host:
         warnings.append(
-            f"MemAvailable is {_gib(memory.mem_available_bytes)} now; the plan pins "
-            f"{_gib(needed_host)}: stop other memory users before serving"
+            f"MemAvailable is {format_gib(memory.mem_available_bytes)} now; the plan pins "
+            f"{format_gib(needed_host)}: stop other memory users before serving"
         )
     return Plan(
         model=model.name,
         model_source=model.source,
         shape=shape,
-        kv=KvPlan(
-            derivation=derivation,
-            kv_cache_memory_bytes=kv_bytes,
-            kv_source=kv_source,
-            tokens=kv_tokens,
-            recipe_comparison=compare_with_reported(derivation),
-        ),
-        gpus=ledgers,
+        kv=kv,
+        gpus=_gpu_ledgers(used_gpus, shape, rank, cache),
         host=host_ledger,
         cpu_sets=cpu_sets,
         cache=cache,
@@ -368,21 +367,8 @@ def build_plan(
         predicted_tokens_per_s=(
             cost.tokens_per_s(cache.expected_hit_rate) if cache.expected_hit_rate is not None else None
         ),
-        moe_layers=list(layers),
+        moe_layers=list(model.moe_layers),
         warnings=warnings,
-    )
-
-
-def gpu_spec(gpu: GpuInfo, root: Path | None = None) -> GpuSpec:
-    """A GpuSpec from NVML's facts; with `root`, the GPU's NUMA node from sysfs under it."""
-    node = pci_device_numa_node(root, gpu.pci_bus_id) if root is not None and gpu.pci_bus_id else None
-    return GpuSpec(
-        index=gpu.index,
-        name=gpu.name,
-        total_bytes=gpu.memory_total_bytes,
-        used_bytes=gpu.memory_used_bytes,
-        pci_bus_id=gpu.pci_bus_id,
-        numa_node=node,
     )
 
 

@@ -19,8 +19,8 @@ from glm53.host.facts import HostFacts
 from glm53.host.memory import HostMemory
 from glm53.host.rig import Rig, load_rig, rig_topology
 from glm53.host.topology import HostTopology, LogicalCpu
-from glm53.plan.planner import GpuSpec
-from glm53.plan.sizes import parse_size
+from glm53.plan.inputs.gpus import GpuSpec
+from glm53.plan.inputs.sizes import parse_size
 
 MAX_CPUS = 4096
 

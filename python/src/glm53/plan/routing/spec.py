@@ -1,5 +1,5 @@
 """What a synthetic routing trace is drawn from (`glm53 plan trace synth`'s options). Light on purpose
-(pydantic only): the CLI builds its options from it; glm53.plan.traces draws and writes the trace."""
+(pydantic only): the CLI builds its options from it; glm53.plan.routing.traces draws and writes the trace."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class SynthesizedTrace(SyntheticTraceSpec):
 
     trace: str
     counts: str | None = None
-    shape: str | None = None  # a named trace shape (glm53.plan.trace_shapes), which sets locality, skew, drift
+    shape: str | None = None  # a named trace shape (glm53.plan.routing.shapes), which sets locality, skew, drift
 
 
 def format_shifts(shifts: Sequence[tuple[float, float]]) -> str:

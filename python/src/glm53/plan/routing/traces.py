@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from glm53.errors import BadInput, invalid_document
 from glm53.fsutil import MAX_INPUT_BYTES, atomic_write_bytes, atomic_write_json, parse_json, read_bytes_bounded
 from glm53.host.topology import parse_cpu_list
-from glm53.plan.trace_spec import MAX_EXPERTS, SynthesizedTrace, SyntheticTraceSpec, format_shifts
+from glm53.plan.routing.spec import MAX_EXPERTS, SynthesizedTrace, SyntheticTraceSpec, format_shifts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -505,6 +505,14 @@ def _make_distinct(rows: NDArray[np.int64], fresh: NDArray[np.int64]) -> NDArray
     return rows
 
 
+def rank_experts(counts: NDArray[np.integer]) -> NDArray[np.int64]:
+    """Hottest first; ties by expert id, so rankings are deterministic."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    order: NDArray[np.int64] = np.lexsort((np.arange(len(counts)), -np.asarray(counts))).astype(np.int64)
+    return order
+
+
 __all__ = [
     "COUNTS_FORMAT",
     "FORMAT_VERSION",
@@ -518,6 +526,7 @@ __all__ = [
     "format_shifts",
     "parse_layers",
     "parse_shifts",
+    "rank_experts",
     "read_counts",
     "read_routing_stats",
     "read_trace",

@@ -1,48 +1,45 @@
-"""Memory sizes as people write them ('24GiB', '24G', '24GB', plain bytes), and the GPUs given by theirs."""
+"""The GPUs a plan is for: read from NVML on this host, or given by their memory sizes."""
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.errors import BadInput
-from glm53.plan.planner import GpuSpec
+from glm53.host.gpus import GpuInfo
+from glm53.host.topology import pci_device_numa_node
+from glm53.plan.inputs.sizes import parse_size
 
-_SIZE = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-# No memory is larger than this (8 EiB): a bigger figure is a typo, and would overflow the arithmetic after.
-MAX_SIZE = (1 << 63) - 1
+# RTX 3090 memory bandwidth (GDDR6X, 384-bit at 19.5 Gb/s).
+ASSUMED_GPU_MEMORY_BANDWIDTH = 936.2e9
 # More GPUs than one host holds is a typo (and a list that long would fill memory).
 MAX_GPUS = 1024
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 1 << 10,
-    "KIB": 1 << 10,
-    "KB": 10**3,
-    "M": 1 << 20,
-    "MIB": 1 << 20,
-    "MB": 10**6,
-    "G": 1 << 30,
-    "GIB": 1 << 30,
-    "GB": 10**9,
-    "T": 1 << 40,
-    "TIB": 1 << 40,
-    "TB": 10**12,
-}
 
 
-def parse_size(text: str, *, flag: str, positive: bool = False) -> int:
-    """'24GiB', '24G' (binary), '24GB' (decimal) or plain bytes; with `positive`, zero is refused too."""
-    match = _SIZE.match(text)
-    unit = (match.group(2) or "").upper() if match else ""
-    if match is None or unit not in _UNITS:
-        raise BadInput(f"{flag}: {text[:40]!r} is not a size", hint="write e.g. 24GiB, 24576MiB or 25769803776")
-    size = int(Decimal(match.group(1)) * _UNITS[unit])
-    if size > MAX_SIZE:
-        raise BadInput(f"{flag}: {text!r} is larger than any memory ({MAX_SIZE:,} bytes at most)")
-    if positive and size <= 0:
-        raise BadInput(f"{flag}: {text!r} is no memory at all", hint="give a size above zero, e.g. 24GiB")
-    return size
+class GpuSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    name: str = "GPU"
+    total_bytes: int = Field(gt=0)
+    used_bytes: int = 0
+    memory_bandwidth: float = ASSUMED_GPU_MEMORY_BANDWIDTH
+    pci_bus_id: str | None = None
+    numa_node: int | None = None  # the PCI device's NUMA node (sysfs); None: unknown or -1
+
+
+def gpu_spec(gpu: GpuInfo, root: Path | None = None) -> GpuSpec:
+    """A GpuSpec from NVML's facts; with `root`, the GPU's NUMA node from sysfs under it."""
+    node = pci_device_numa_node(root, gpu.pci_bus_id) if root is not None and gpu.pci_bus_id else None
+    return GpuSpec(
+        index=gpu.index,
+        name=gpu.name,
+        total_bytes=gpu.memory_total_bytes,
+        used_bytes=gpu.memory_used_bytes,
+        pci_bus_id=gpu.pci_bus_id,
+        numa_node=node,
+    )
 
 
 def gpus_from_sizes(gpu_memory: str | None, gpus: int | None, gpu: str | None) -> list[GpuSpec] | None:
@@ -65,6 +62,3 @@ def gpus_from_sizes(gpu_memory: str | None, gpus: int | None, gpu: str | None) -
             raise BadInput(f"--gpus {gpus:,}: more than {MAX_GPUS} GPUs on one host", hint="e.g. --gpus 2 --gpu 24GiB")
         return [GpuSpec(index=i, total_bytes=size) for i in range(gpus or 1)]
     return None
-
-
-__all__ = ["gpus_from_sizes", "parse_size"]

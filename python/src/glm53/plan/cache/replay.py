@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from glm53.plan.policies import pinned_lru_masks
+from glm53.plan.cache.policies import pinned_lru_masks
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,7 +41,7 @@ def pinned_lru_hits(
     An unpinned access hits when fewer than `window` unpinned experts were used since its previous use: the
     experts used since then, minus those among the pinned ranks.
     """
-    # One pass shared with the per-step replay (glm53.plan.policies): the hits are its masks' counts.
+    # One pass shared with the per-step replay (glm53.plan.cache.policies): the hits are its masks' counts.
     return [int(mask.sum()) for mask in pinned_lru_masks(routes, experts, ranking, list(splits))]
 
 

@@ -1,0 +1,2 @@
+"""Routing statistics: the trace and counts formats, synthetic traces and their named shapes, public captures of
+real routing. Reads only `glm53.plan.inputs`."""

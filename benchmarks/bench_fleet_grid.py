@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from glm53.router.capacity import Plan, PlanInputs, Spread, plan_fleet, recommend
+from glm53.router.capacity import FleetPlan, PlanInputs, Spread, plan_fleet, recommend
 
 
 def _spread(median: float, low: float, high: float, fmt: str) -> str:
@@ -43,7 +43,7 @@ def _s(s: Spread, fmt: str) -> str:
     return _spread(s.median, s.low, s.high, fmt)
 
 
-def _markdown_row(plan: Plan) -> str:
+def _markdown_row(plan: FleetPlan) -> str:
     """The recommended policy's answer, then each other policy's boxes and the cache hit it keeps."""
     best = recommend(plan.policies)
     by_label = {p.label: p for p in plan.policies}
@@ -70,7 +70,7 @@ def _markdown_row(plan: Plan) -> str:
     )
 
 
-def _plan(inputs: PlanInputs) -> Plan:
+def _plan(inputs: PlanInputs) -> FleetPlan:
     return plan_fleet(inputs)
 
 
@@ -107,7 +107,7 @@ def main() -> int:
     rows: list[str] = []
     if args.saved is not None:
         lines = args.saved.read_text().splitlines()
-        plans: Iterable[Plan] = [Plan.model_validate_json(line) for line in lines if line.strip()]
+        plans: Iterable[FleetPlan] = [FleetPlan.model_validate_json(line) for line in lines if line.strip()]
         pool = None
     else:
         pool = ProcessPoolExecutor(max_workers=max(1, args.jobs))

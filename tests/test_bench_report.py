@@ -122,7 +122,7 @@ def test_an_unwritable_out_directory_is_refused(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(report.tempfile, "mkstemp", refuse)
     with pytest.raises(BadInput, match="cannot write there: Permission denied") as info:
         prepare_out_dir(tmp_path / "new")
-    assert info.value.exit_code == 2 and info.value.hint == "pass a directory you can write to"
+    assert info.value.exit_code == 2 and info.value.fix == "pass a directory you can write to"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
@@ -229,7 +229,7 @@ def test_an_out_directory_holding_an_unreadable_report_is_refused_before_measuri
     (tmp_path / "old" / "summary.json").write_text(json.dumps(raw))
     with pytest.raises(BadInput, match="holds a report this glm53 cannot update") as info:
         ensure_same_server(tmp_path / "old", ServerInfo(base_url="http://a:1", model="m"))
-    assert info.value.hint == "pass another --out directory, or move the old report away"
+    assert info.value.fix == "pass another --out directory, or move the old report away"
 
 
 # --- the commands against a small well-behaved server -----------------------------------------------------

@@ -117,7 +117,7 @@ def test_shapes_and_thresholds_parse_or_name_the_flag() -> None:
     }
     with pytest.raises(BadInput, match="--fail-under: 'speed=3'") as info:
         parse_thresholds("speed=3", RUN_FAIL_UNDER)
-    assert info.value.exit_code == 2 and info.value.hint is not None and "decode" in info.value.hint
+    assert info.value.exit_code == 2 and info.value.fix is not None and "decode" in info.value.fix
     with pytest.raises(BadInput, match="not a number"):
         parse_thresholds("decode=fast", RUN_FAIL_UNDER)
     with pytest.raises(BadInput, match="max_model_len is 4096"):
@@ -267,7 +267,7 @@ def test_one_summary_holds_one_server(tmp_path: Path) -> None:
     ensure_same_server(tmp_path, first)
     with pytest.raises(BadInput, match="--out") as info:
         ensure_same_server(tmp_path, ServerInfo(base_url="http://b:1", model="m"))
-    assert info.value.hint == "pass another --out directory for this server"
+    assert info.value.fix == "pass another --out directory for this server"
 
 
 def test_environment_records_gpus_and_driver(monkeypatch: pytest.MonkeyPatch) -> None:

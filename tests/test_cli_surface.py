@@ -189,7 +189,7 @@ def test_options_take_default_help_bounds_and_choices_from_the_model() -> None:
 
 def test_a_value_the_model_refuses_names_its_flag() -> None:
     small = App()
-    small.command("go")(options_from(Knobs, "knobs", flags={"share": Flag("--fraction")}, hint="see --help")(_go))
+    small.command("go")(options_from(Knobs, "knobs", flags={"share": Flag("--fraction")}, fix="see --help")(_go))
     small.command("other")(lambda: None)
     ok = CliRunner().invoke(small, ["go", "--fraction", "0.5", "--mode", "exact"])
     assert ok.exit_code == 0 and '"share":0.5' in ok.output and '"mode":"exact"' in ok.output

@@ -259,7 +259,7 @@ def test_too_little_ram_names_the_gib_and_the_fix() -> None:
         plan_for("exl3-1gpu", a_rig("8 GiB", [24], 8))
     assert caught.value.constraint == "host memory"
     assert "GiB of experts" in caught.value.message and "budget of 0.00 GiB" in caught.value.message
-    assert caught.value.hint is not None and "GiB of RAM" in caught.value.hint
+    assert caught.value.fix is not None and "GiB of RAM" in caught.value.fix
 
 
 def test_a_4gib_gpu_cannot_hold_even_the_non_expert_weights() -> None:
@@ -269,7 +269,7 @@ def test_a_4gib_gpu_cannot_hold_even_the_non_expert_weights() -> None:
     assert "even with every routed expert on the CPU" in caught.value.message
     assert "weights (7.27 GiB)" in caught.value.message  # the non-expert weights
     assert "more than the GPUs' 2.41 GiB" in caught.value.message  # floor(4 - 0.59 - 0.25) - 0.75 slack
-    assert "MAX_MODEL_LEN" in (caught.value.hint or "") and "CHUNK_SIZE" in (caught.value.hint or "")
+    assert "MAX_MODEL_LEN" in (caught.value.fix or "") and "CHUNK_SIZE" in (caught.value.fix or "")
 
 
 def test_the_gpu_need_that_does_not_fit_adds_up_to_more_than_the_gpu() -> None:
@@ -287,7 +287,7 @@ def test_too_few_gpus_for_the_profile() -> None:
         plan_for("exl3-2x3090", "one-3090")
     assert caught.value.constraint == "gpus"
     assert "2 GPUs, 1 found (rig one-3090)" in caught.value.message
-    assert "GPUS=1" in (caught.value.hint or "")
+    assert "GPUS=1" in (caught.value.fix or "")
 
 
 def test_cache_shorter_than_the_context_is_bad_input() -> None:

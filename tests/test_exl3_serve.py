@@ -371,7 +371,7 @@ def test_what_tabbyapi_imports_is_checked_in_its_python_before_the_exec(tmp_path
         require_tabby_config(spec)
     assert err.value.exit_code == 3
     assert "lacks what TabbyAPI imports: aiofiles (not installed)" in err.value.message
-    assert err.value.hint == (
+    assert err.value.fix == (
         f"install into TabbyAPI's Python: {sys.executable} -m pip install 'aiofiles' 'ruamel.yaml' 'async_lru' "
         "'uvicorn>=999' 'exllamav3'"
     )
@@ -404,7 +404,7 @@ def test_a_tree_without_its_pyproject_is_not_tabbyapi(tmp_path: Path) -> None:
     with pytest.raises(Unavailable) as err:
         require_tabby_config(_launch(tree))
     assert "pyproject.toml (FileNotFoundError" in err.value.message
-    assert err.value.hint is not None and "GLM53_TABBYAPI_DIR must be TabbyAPI's source tree" in err.value.hint
+    assert err.value.fix is not None and "GLM53_TABBYAPI_DIR must be TabbyAPI's source tree" in err.value.fix
 
 
 def _schema_fields(tree: Path) -> dict[str, list[str]]:

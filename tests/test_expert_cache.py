@@ -112,7 +112,7 @@ def test_size_fits_the_budget_beside_staging() -> None:
 def test_slots_that_do_not_fit_name_the_flag_and_the_minimum() -> None:
     with pytest.raises(BadInput, match=r"--cache-memory 1.00 GiB does not fit the cache") as error:
         size_cache(load_architecture(), GIB, gpus=2)
-    assert error.value.hint is not None and "at least 2GiB" in error.value.hint
+    assert error.value.fix is not None and "at least 2GiB" in error.value.fix
 
 
 @pytest.mark.parametrize("share", [1.5, -0.1, math.nan, math.inf])

@@ -98,7 +98,7 @@ def test_libnuma_hidden_from_the_loader_is_named_with_its_package(tmp_path: Path
     assert [m.soname for m in missing] == ["libnuma.so.1"]
     assert missing[0].debian_package == "libnuma1"
     assert any(user.endswith("_C.abi3.so") for user in missing[0].needed_by)
-    assert missing[0].install_hint() == "apt-get install libnuma1"
+    assert missing[0].install_fix() == "apt-get install libnuma1"
 
 
 @needs_cc
@@ -142,7 +142,7 @@ def test_rpath_runpath_origin_and_ld_library_path_follow_the_loader(tmp_path: Pa
     assert [(m.soname, m.needed_by, m.debian_package) for m in missing] == [
         ("libglm53dep.so.1", ["app/plain.so"], None)
     ]
-    assert "apt-file search libglm53dep.so.1" in missing[0].install_hint()
+    assert "apt-file search libglm53dep.so.1" in missing[0].install_fix()
     assert find_missing([app_dir / "with_origin.so"], read_loader_view(environ={})) == []
 
 

@@ -124,7 +124,7 @@ def test_every_flag_key_names_its_flag_and_reaches_the_argv() -> None:
 def test_listening_on_all_interfaces_needs_the_explicit_flag() -> None:
     with pytest.raises(BadInput, match="other machines") as err:
         _launch("cpu-tiny", model_dir="/m", host="0.0.0.0")
-    assert "--listen-all" in (err.value.hint or "")
+    assert "--listen-all" in (err.value.fix or "")
     with pytest.raises(BadInput, match="not an IP"):
         _launch("cpu-tiny", model_dir="/m", host="example.org")
     with pytest.raises(BadInput, match="out of range"):
@@ -211,7 +211,7 @@ def test_api_key_file_problems_are_bad_input(tmp_path: Path) -> None:
     open_file.chmod(0o644)
     with pytest.raises(BadInput, match="readable by every user") as err:
         read_api_key(open_file)
-    assert "chmod 600" in (err.value.hint or "")
+    assert "chmod 600" in (err.value.fix or "")
 
 
 def test_plan_file_from_the_planner_layers_over_the_profile(tmp_path: Path) -> None:

@@ -315,3 +315,26 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
         ("vllm", True, True),
     }
     assert "serve" not in ALLOWED["host"]
+
+
+# `hint`, `missing_hint`, `hint_text`; not a type hint (`get_type_hints`, `hints` of a signature).
+_HINT = re.compile(r"(?:^|_)hint(?:_|$)")
+
+
+def test_one_name_per_concept() -> None:
+    """No two public classes of the package share a name (one Target, one Plan), and the fix an error offers is
+    called `fix` everywhere (never `hint`)."""
+    defined: dict[str, list[str]] = {}
+    hint_names: list[str] = []
+    for module, path in MODULES.items():
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined.setdefault(node.name, []).append(module)
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        hint_names += [
+            f"{module}:{t.start[0]} {t.string}" for t in tokens if t.type == tokenize.NAME and _HINT.search(t.string)
+        ]
+    twins = {name: modules for name, modules in defined.items() if len(modules) > 1}
+    assert twins == {}, "one class name, one concept: rename one of each"
+    assert hint_names == [], "call the fix a message offers `fix`"

@@ -246,9 +246,9 @@ def test_audit_build_explains_a_missing_build_users_group(tmp_path: Path) -> Non
         timeout=300,
     )
     assert result.returncode == 3, result.stderr
-    first, hint = result.stderr.strip().splitlines()[:2]
+    first, fix = result.stderr.strip().splitlines()[:2]
     assert first == "error: nix cannot build: its build-users-group 'glm53-no-such-group' does not exist on this host"
-    assert "NIX_CONFIG='build-users-group ='" in hint
+    assert "NIX_CONFIG='build-users-group ='" in fix
 
 
 def test_rendered_settings_are_what_glm53_reads(tmp_path: Path) -> None:

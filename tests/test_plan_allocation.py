@@ -38,7 +38,7 @@ def test_dp_matches_brute_force() -> None:
 def test_minimum_slots_enforced() -> None:
     with pytest.raises(BadInput, match="cannot give 2 layers 8 slots each") as info:
         allocate_slots([np.arange(10)] * 2, 15, min_slots=8)
-    assert info.value.hint == "it needs at least 16 slots"
+    assert info.value.fix == "it needs at least 16 slots"
 
 
 def test_uniform_split_spreads_the_remainder() -> None:

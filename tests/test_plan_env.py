@@ -55,4 +55,4 @@ def test_no_gpu_asks_for_flags() -> None:
     assert _gpus_from(FakeNvml(init_error="Driver Not Loaded")) == []
     with pytest.raises(Unavailable, match="no NVIDIA GPU") as info:
         plan_serving_env(load_profile("agent-256k"), gpus=[], root=HOSTS / "threadripper-5975wx-cgv2")
-    assert info.value.hint is not None and "--gpu-memory" in info.value.hint
+    assert info.value.fix is not None and "--gpu-memory" in info.value.fix

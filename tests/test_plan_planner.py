@@ -63,7 +63,7 @@ def test_small_gpus_name_the_largest_context_that_fits() -> None:
     with pytest.raises(Infeasible, match="expert slots") as info:
         build_plan(load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), gpus, ServingShape())
     assert info.value.constraint == "gpu0 memory (KV cache)"
-    assert info.value.hint is not None and "largest context that fits is" in info.value.hint
+    assert info.value.fix is not None and "largest context that fits is" in info.value.fix
     assert info.value.exit_code == 1
 
 
@@ -71,14 +71,14 @@ def test_tiny_gpus_cannot_hold_the_weights() -> None:
     gpus = [GpuSpec(index=i, total_bytes=6 * GIB) for i in range(2)]
     with pytest.raises(Infeasible, match="exceed its budget") as info:
         build_plan(load_architecture(), read_host_facts(HOSTS / "threadripper-5975wx-cgv2"), gpus, ServingShape())
-    assert info.value.hint is not None and "TENSOR_PARALLEL_SIZE=4" in info.value.hint
+    assert info.value.fix is not None and "TENSOR_PARALLEL_SIZE=4" in info.value.fix
 
 
 def test_desktop_ram_is_the_binding_constraint() -> None:
     with pytest.raises(Infeasible, match="host memory") as info:
         build_plan(load_architecture(), read_host_facts(HOSTS / "desktop-8core-cgv1"), RTX_3090, ServingShape())
     assert info.value.constraint == "host memory"
-    assert info.value.hint == "needs 117.00 GiB of budget: 128 GiB of RAM (8.00 GiB stays with the system)"
+    assert info.value.fix == "needs 117.00 GiB of budget: 128 GiB of RAM (8.00 GiB stays with the system)"
 
 
 def test_cgroup_limit_below_memtotal_binds() -> None:
@@ -89,7 +89,7 @@ def test_cgroup_limit_below_memtotal_binds() -> None:
             RTX_3090,
             ServingShape(),
         )
-    assert info.value.hint == (
+    assert info.value.fix == (
         "raise the cgroup memory limit to at least 117.00 GiB (systemd MemoryMax=, docker --memory)"
     )
 

@@ -100,7 +100,7 @@ def test_unknown_key_in_set_lists_close_matches() -> None:
     with pytest.raises(BadInput) as err:
         load_profile("agent-256k", environ={}, overrides=[("MAX_MODEL_LENGTH", "1")])
     assert "MAX_MODEL_LENGTH" in err.value.message
-    assert err.value.hint is not None and "MAX_MODEL_LEN" in err.value.hint
+    assert err.value.fix is not None and "MAX_MODEL_LEN" in err.value.fix
     assert err.value.exit_code == 2
 
 
@@ -109,13 +109,13 @@ def test_unknown_key_in_env_file_names_file_and_line(tmp_path: Path) -> None:
     text = "SERVED_MODEL_NAME=a\nEXL3_PINED_FRAC=0.3\n"
     with pytest.raises(BadInput) as err:
         load_profile("agent-256k", environ={}, env_file=(path, text))
-    assert f"{path}:2" in err.value.message and "EXL3_PINNED_FRAC" in (err.value.hint or "")
+    assert f"{path}:2" in err.value.message and "EXL3_PINNED_FRAC" in (err.value.fix or "")
 
 
 def test_profile_typo_lists_profiles() -> None:
     with pytest.raises(BadInput) as err:
         load_profile("agent-265k", environ={})
-    assert "agent-256k" in (err.value.hint or "")
+    assert "agent-256k" in (err.value.fix or "")
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,7 @@ def test_malformed_flake_lock_is_bad_input(repo_copy: Path, text: str) -> None:
 def test_check_outside_the_repository_gives_a_hint(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as caught:
         load_repro_lock(tmp_path / "repro.lock.json")
-    assert "not found" in caught.value.message and "--lock" in (caught.value.hint or "")
+    assert "not found" in caught.value.message and "--lock" in (caught.value.fix or "")
 
 
 def test_lock_paths_that_are_not_files(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ def test_a_flag_or_choice_the_router_does_not_know_is_named() -> None:
     check_args(["--policy", "random", "--port", "1", "--mini-lb"], table, "x")
     with pytest.raises(Glm53Error, match="--polcy: no such option") as exc:
         check_args(["--polcy", "random"], table, "x")
-    assert exc.value.hint is not None and "--policy" in exc.value.hint
+    assert exc.value.fix is not None and "--policy" in exc.value.fix
     with pytest.raises(Glm53Error, match="rejects --policy kv_aware"):
         check_args(["--policy", "kv_aware"], table, "x")
     with pytest.raises(Glm53Error, match="needs a value"):

@@ -263,7 +263,7 @@ def test_flags_are_checked_by_vllms_own_parser() -> None:
     # The recipe's own spelling is rejected by name, with vLLM 0.32's spelling suggested.
     with pytest.raises(BadInput) as err:
         check_flags(["vllm", "serve", *RECIPE["launch"][2:]], use_cache=False)
-    assert "--kv-cache-memory" in err.value.message and "--kv-cache-memory-bytes" in (err.value.hint or "")
+    assert "--kv-cache-memory" in err.value.message and "--kv-cache-memory-bytes" in (err.value.fix or "")
     with pytest.raises(BadInput, match="offload-backend"):
         check_flags(["vllm", "serve", "/m", "--offload-backend", "pinned"], use_cache=False)
     with pytest.raises(BadInput, match="max-model-len"):

@@ -97,7 +97,7 @@ def test_a_tabbyapi_checkout_of_another_commit_is_refused_before_a_start(tmp_pat
     with pytest.raises(BadInput) as err:
         require_tabby_config(spec)
     assert f"checked out at {OTHER}, but repro.lock.json pins {PINNED}" in err.value.message
-    assert err.value.hint == f"git -C {tree} checkout {PINNED} (or point GLM53_TABBYAPI_DIR at a tree of that commit)"
+    assert err.value.fix == f"git -C {tree} checkout {PINNED} (or point GLM53_TABBYAPI_DIR at a tree of that commit)"
     check = tabby_config_check(spec)
     assert not check.checked and OTHER in (check.reason or "")
 

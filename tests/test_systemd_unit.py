@@ -229,7 +229,7 @@ def test_cli_refuses_all_interfaces_without_listen_all(tmp_path: Path) -> None:
     result = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--host", "0.0.0.0")
     assert result.code == 2
     assert isinstance(result.error, BadInput)
-    assert "--listen-all" in (result.error.hint or "")
+    assert "--listen-all" in (result.error.fix or "")
     assert result.stdout == ""
 
 
@@ -280,7 +280,7 @@ def test_cli_refuses_bad_input_through_the_library(tmp_path: Path) -> None:
     world_readable.write_text("k\n")
     world_readable.chmod(0o644)
     open_key = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", exe, "--api-key-file", str(world_readable))
-    assert open_key.code == 2 and open_key.error is not None and "chmod 600" in (open_key.error.hint or "")
+    assert open_key.code == 2 and open_key.error is not None and "chmod 600" in (open_key.error.fix or "")
 
 
 def test_cli_writes_the_unit_file_and_prints_json(tmp_path: Path) -> None:
@@ -289,7 +289,7 @@ def test_cli_writes_the_unit_file_and_prints_json(tmp_path: Path) -> None:
     assert written.code == 0 and written.stdout == ""
     assert "[Service]" in out.read_text()
     again = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(out))
-    assert again.code == 2 and again.error is not None and "--force" in (again.error.hint or "")
+    assert again.code == 2 and again.error is not None and "--force" in (again.error.fix or "")
     assert run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--out", str(out), "--force").code == 0
     printed = run_unit_cli("--model-dir", MODEL_DIR, "--glm53", str(_glm53_exe()), "--json")
     assert printed.code == 0

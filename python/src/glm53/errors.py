@@ -7,7 +7,7 @@
      └── Unavailable          exit 3  the environment cannot do it: no GPU, a missing library or program,
                                       the Hub or the server unreachable
 
-The CLI turns them into a one-line message plus a hint at a single boundary (`glm53.cli.main`); commands
+The CLI turns them into a one-line message plus a fix at a single boundary (`glm53.cli.main`); commands
 leave through these classes only, never through a bare exit code.
 """
 
@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 class Glm53Error(Exception):
     exit_code = 1
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.fix = fix
 
 
 class CheckFailed(Glm53Error):
@@ -40,11 +40,11 @@ class Unavailable(Glm53Error):
     exit_code = 3
 
 
-def invalid_document(exc: ValidationError, source: str, *, hint: str | None = None) -> BadInput:
+def invalid_document(exc: ValidationError, source: str, *, fix: str | None = None) -> BadInput:
     """A pydantic validation failure of a file or document, as BadInput naming the first bad field."""
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "top level"
-    return BadInput(f"{source}: {where}: {first['msg']}", hint=hint)
+    return BadInput(f"{source}: {where}: {first['msg']}", fix=fix)
 
 
 __all__ = ["BadInput", "CheckFailed", "Glm53Error", "Unavailable", "invalid_document"]

@@ -42,7 +42,7 @@ def check_path(path: os.PathLike[str] | str, *, what: str) -> None:
     """BadInput (exit 2) naming `what` when `path` is too long or holds a NUL byte."""
     problem = path_problem(path)
     if problem is not None:
-        raise BadInput(f"{what}: the path {quoted(os.fsdecode(path), limit=120)} {problem}", hint="give a shorter path")
+        raise BadInput(f"{what}: the path {quoted(os.fsdecode(path), limit=120)} {problem}", fix="give a shorter path")
 
 
 _KIND_NAMES = (
@@ -71,7 +71,7 @@ def output_target(path: Path) -> Path:
             if test(info.st_mode):
                 raise BadInput(
                     f"{path} is {kind}: an output is written to a regular file only",
-                    hint="give a file path (without the option, commands that print write to stdout)",
+                    fix="give a file path (without the option, commands that print write to stdout)",
                 )
     if not os.path.islink(path):
         return path
@@ -90,7 +90,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = True, mode:
     """
     path = output_target(Path(path))
     if not overwrite and path.exists():
-        raise BadInput(f"{path} already exists", hint="pass --force to replace it")
+        raise BadInput(f"{path} already exists", fix="pass --force to replace it")
     directory = path.parent if str(path.parent) else Path(".")
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=directory)
@@ -172,11 +172,11 @@ def _fsync_dir(directory: Path) -> None:
 
 def _write_error(path: Path, exc: OSError) -> BadInput:
     if exc.errno == errno.ENOSPC:
-        return BadInput(f"no space left on device while writing {path}", hint="free space and run again")
+        return BadInput(f"no space left on device while writing {path}", fix="free space and run again")
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return BadInput(f"cannot write {path}: {exc.strerror}", hint="check that the directory is writable")
+        return BadInput(f"cannot write {path}: {exc.strerror}", fix="check that the directory is writable")
     if exc.errno == errno.EEXIST:
-        return BadInput(f"{path} already exists", hint="pass --force to replace it")
+        return BadInput(f"{path} already exists", fix="pass --force to replace it")
     return BadInput(f"cannot write {path}: {exc}")
 
 
@@ -204,7 +204,7 @@ def read_bytes_bounded(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTE
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise BadInput(f"{what}: {path} is not a regular file", hint="pass the file itself, not a pipe or device")
+            raise BadInput(f"{what}: {path} is not a regular file", fix="pass the file itself, not a pipe or device")
         if info.st_size > max_bytes:
             raise BadInput(f"{what}: {path} is {info.st_size:,} bytes, more than the {max_bytes:,} this takes")
         chunks: list[bytes] = []
@@ -246,30 +246,30 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return value
 
 
-def parse_json(raw: str | bytes, *, what: str, hint: str | None = None) -> Any:
+def parse_json(raw: str | bytes, *, what: str, fix: str | None = None) -> Any:
     """JSON from any source (a file, a server, a value), every failure a BadInput that names it: bad syntax,
     bad UTF-8, nesting deeper than Python's recursion allows, integers longer than Python converts (4300
     digits), a key twice in one object."""
     try:
         return json.loads(raw, object_pairs_hook=_unique_keys)
     except _DuplicateKey as exc:
-        raise BadInput(f"{what}: the key {quoted(str(exc), limit=80)} appears twice in one object", hint=hint) from exc
+        raise BadInput(f"{what}: the key {quoted(str(exc), limit=80)} appears twice in one object", fix=fix) from exc
     except json.JSONDecodeError as exc:
-        raise BadInput(f"{what} is not valid JSON: {exc}", hint=hint) from exc
+        raise BadInput(f"{what} is not valid JSON: {exc}", fix=fix) from exc
     except UnicodeDecodeError as exc:
-        raise BadInput(f"{what} is not UTF-8 JSON (byte {exc.start})", hint=hint) from exc
+        raise BadInput(f"{what} is not UTF-8 JSON (byte {exc.start})", fix=fix) from exc
     except RecursionError as exc:
-        raise BadInput(f"{what}: JSON nested too deeply to read", hint=hint) from exc
+        raise BadInput(f"{what}: JSON nested too deeply to read", fix=fix) from exc
     except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string conversion"
         if "digits" in str(exc):
-            raise BadInput(f"{what}: a number of more than 4300 digits (the longest read)", hint=hint) from exc
-        raise BadInput(f"{what}: {exc}", hint=hint) from exc
+            raise BadInput(f"{what}: a number of more than 4300 digits (the longest read)", fix=fix) from exc
+        raise BadInput(f"{what}: {exc}", fix=fix) from exc
 
 
 def read_json(path: Path, *, what: str, max_bytes: int = MAX_INPUT_BYTES) -> Any:
     """Read a JSON file, turning every failure into a BadInput that names the file."""
     raw = read_bytes_bounded(path, what=what, max_bytes=max_bytes)
-    return parse_json(raw, what=f"{what} {path}", hint="restore or regenerate the file")
+    return parse_json(raw, what=f"{what} {path}", fix="restore or regenerate the file")
 
 
 def safe_relative_path(name: str, *, what: str) -> PurePosixPath:
@@ -290,6 +290,6 @@ def resolve_inside(root: Path, relative: PurePosixPath, *, what: str) -> Path:
     if real != root_real and root_real not in real.parents:
         raise BadInput(
             f"{what}: {relative} resolves to {real}, outside {root_real}",
-            hint="replace the symlink with the file itself",
+            fix="replace the symlink with the file itself",
         )
     return candidate

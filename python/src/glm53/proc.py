@@ -105,7 +105,7 @@ def run(
     stdout: int | IO[bytes] | None = subprocess.PIPE,
     stderr: int | IO[bytes] | None = subprocess.PIPE,
     cwd: str | os.PathLike[str] | None = None,
-    missing_hint: str | None = None,
+    missing_fix: str | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run `argv` to its end and return its exit status and output (bytes; decode with `text`).
 
@@ -130,10 +130,10 @@ def run(
     except FileNotFoundError as exc:
         raise Unavailable(
             f"{what}: {printable(argv[0])} is not installed (not found on PATH)",
-            hint=missing_hint or f"install {os.path.basename(argv[0])}",
+            fix=missing_fix or f"install {os.path.basename(argv[0])}",
         ) from exc
     except PermissionError as exc:
-        raise Unavailable(f"{what}: cannot run {printable(argv[0])}: {exc.strerror}", hint=missing_hint) from exc
+        raise Unavailable(f"{what}: cannot run {printable(argv[0])}: {exc.strerror}", fix=missing_fix) from exc
     finished = False
     try:
         try:
@@ -163,14 +163,14 @@ def check_url(url: str, *, what: str, schemes: Sequence[str] = GIT_SCHEMES) -> s
     file must never be read as an option (`--upload-pack=...`) or a transport that runs commands (`ext::`)."""
     shown = quoted(url)
     if url.startswith("-"):
-        raise BadInput(f"{what}: {shown} starts with '-', not a URL", hint=f"give a {'/'.join(schemes)} URL")
+        raise BadInput(f"{what}: {shown} starts with '-', not a URL", fix=f"give a {'/'.join(schemes)} URL")
     if not url.isprintable() or any(char.isspace() for char in url):
         raise BadInput(f"{what}: {shown} holds white space or control characters")
     scheme = urlsplit(url).scheme.lower()
     if scheme not in schemes or not url.lower().startswith(scheme + "://"):
         raise BadInput(
             f"{what}: {shown} is not a {', '.join(s + '://' for s in schemes)} URL",
-            hint="write the URL out in full, e.g. https://github.com/OWNER/REPO",
+            fix="write the URL out in full, e.g. https://github.com/OWNER/REPO",
         )
     if scheme != "file" and not urlsplit(url).hostname:
         raise BadInput(f"{what}: {shown} names no host")

@@ -124,7 +124,7 @@ class AgentScript(BaseModel):
         if not 1 <= count <= len(self.tasks):
             raise BadInput(
                 f"--tasks {count}: there are {len(self.tasks)} scripted tasks",
-                hint=f"pass --tasks between 1 and {len(self.tasks)}",
+                fix=f"pass --tasks between 1 and {len(self.tasks)}",
             )
         return self.model_copy(update={"tasks": self.tasks[:count]})
 
@@ -138,12 +138,12 @@ def parse_script(raw: Any, *, source: str) -> AgentScript:
     if isinstance(raw, dict) and raw.get("schema_version") != TASKS_SCHEMA:
         raise BadInput(
             f"{source}: schema_version {raw.get('schema_version')!r} is not {TASKS_SCHEMA!r}",
-            hint="the file is not an agent task file this version of glm53 reads",
+            fix="the file is not an agent task file this version of glm53 reads",
         )
     try:
         return AgentScript.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, source, hint="fix the agent task file") from exc
+        raise invalid_document(exc, source, fix="fix the agent task file") from exc
 
 
 def load_script(path: Path | None = None) -> AgentScript:
@@ -249,17 +249,17 @@ def check_fits(system_tokens: int, max_tokens: int, max_model_len: int | None, s
         return
     room = max_model_len - scripted
     if room - max_tokens >= 0:
-        hint = f"pass --system-tokens {room - max_tokens} or less"
+        fix = f"pass --system-tokens {room - max_tokens} or less"
     elif room >= 64:
         answer = max(2, min(max_tokens, room // 4))
-        hint = f"e.g. --system-tokens {room - answer} --max-tokens {answer}"
+        fix = f"e.g. --system-tokens {room - answer} --max-tokens {answer}"
     else:
-        hint = "serve with a larger MAX_MODEL_LEN, or pass fewer --tasks"
+        fix = "serve with a larger MAX_MODEL_LEN, or pass fewer --tasks"
     raise BadInput(
         f"--system-tokens {system_tokens} + --max-tokens {max_tokens} + {scripted} tokens of the scripted "
         f"conversation (tools, requests, earlier calls and results) need {needed} tokens of context; the "
         f"server's max_model_len is {max_model_len}",
-        hint=hint,
+        fix=fix,
     )
 
 
@@ -442,5 +442,5 @@ def require_completed_turns(section: AgentSection, report: Path) -> None:
         first = section.turns[0].error if section.turns else "no turn ran"
         raise CheckFailed(
             f"agent: none of the {len(section.turns)} turns completed (first error: {first})",
-            hint=f"each turn's error is in {report}",
+            fix=f"each turn's error is in {report}",
         )

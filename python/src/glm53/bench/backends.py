@@ -39,20 +39,20 @@ def parse_backends(urls: Sequence[str] | None) -> list[str]:
     for raw in urls or ():
         url = raw.strip().rstrip("/")
         if not url.startswith(("http://", "https://")):
-            raise BadInput(f"--backend {raw!r} is not an http(s) URL", hint="e.g. --backend http://10.0.0.11:8000")
+            raise BadInput(f"--backend {raw!r} is not an http(s) URL", fix="e.g. --backend http://10.0.0.11:8000")
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, ValueError) as exc:
             raise BadInput(f"--backend {raw!r} is not a valid URL: {exc}") from exc
         if not parsed.host:
-            raise BadInput(f"--backend {raw!r} names no host", hint="e.g. --backend http://10.0.0.11:8000")
+            raise BadInput(f"--backend {raw!r} names no host", fix="e.g. --backend http://10.0.0.11:8000")
         if parsed.path not in ("", "/") or parsed.query:
             raise BadInput(
                 f"--backend {raw!r}: give the server's URL without a path (its /metrics is read)",
-                hint="e.g. --backend http://10.0.0.11:8000",
+                fix="e.g. --backend http://10.0.0.11:8000",
             )
         if url in chosen:
-            raise BadInput(f"--backend {url} is listed twice", hint="list each backend once")
+            raise BadInput(f"--backend {url} is listed twice", fix="list each backend once")
         chosen.append(url)
     if len(chosen) > MAX_BACKENDS:
         raise BadInput(f"--backend: {len(chosen)} backends, more than {MAX_BACKENDS}")
@@ -150,7 +150,7 @@ class BackendMetrics:
         if failed:
             raise Unavailable(
                 f"cannot read the counters of {len(failed)} of {len(self.urls)} backends: {'; '.join(failed)}",
-                hint="--backend lists the vLLM servers behind the router, each as its own URL",
+                fix="--backend lists the vLLM servers behind the router, each as its own URL",
             )
 
     def metrics_text(self) -> str | None:

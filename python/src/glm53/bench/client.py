@@ -70,17 +70,17 @@ class BenchClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise BadInput(f"--base-url {base_url!r} is not an http(s) URL", hint=f"e.g. {DEFAULT_BASE_URL}")
+            raise BadInput(f"--base-url {base_url!r} is not an http(s) URL", fix=f"e.g. {DEFAULT_BASE_URL}")
         try:
             httpx.URL(base_url)
         except (httpx.InvalidURL, ValueError) as exc:
             raise BadInput(
-                f"--base-url {base_url!r} is not a valid URL: {exc}", hint=f"e.g. {DEFAULT_BASE_URL}"
+                f"--base-url {base_url!r} is not a valid URL: {exc}", fix=f"e.g. {DEFAULT_BASE_URL}"
             ) from exc
         if api_key is not None and not _header_safe(api_key):
             raise BadInput(
                 "the API key holds characters an HTTP header cannot carry (whitespace, control or non-ASCII)",
-                hint="check the key (--api-key-file, GLM53_API_KEY, OPENAI_API_KEY or --api-key)",
+                fix="check the key (--api-key-file, GLM53_API_KEY, OPENAI_API_KEY or --api-key)",
             )
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
@@ -116,11 +116,11 @@ class BenchClient:
         models = self._get_json("/v1/models")
         entries = models.get("data") if isinstance(models, dict) else None
         if not isinstance(entries, list) or not entries:
-            raise CheckFailed(f"{self.base_url}/v1/models lists no model", hint="is the server still loading?")
+            raise CheckFailed(f"{self.base_url}/v1/models lists no model", fix="is the server still loading?")
         chosen = next((m for m in entries if isinstance(m, dict) and m.get("id") == model), None)
         if model is not None and chosen is None:
             names = ", ".join(str(m.get("id")) for m in entries if isinstance(m, dict))
-            raise BadInput(f"--model {model!r} is not served at {self.base_url}", hint=f"served: {names}")
+            raise BadInput(f"--model {model!r} is not served at {self.base_url}", fix=f"served: {names}")
         chosen = chosen or entries[0]
         if not isinstance(chosen, dict):
             raise CheckFailed(f"{self.base_url}/v1/models lists a model that is not an object")
@@ -215,7 +215,7 @@ class BenchClient:
         raise CheckFailed(
             f"{self.base_url}: no text encodes to exactly {target} tokens (neither the server's decoding nor a "
             "prefix of it)",
-            hint="this tokenizer does not round-trip its own output; use another shape or --style",
+            fix="this tokenizer does not round-trip its own output; use another shape or --style",
         )
 
     def metrics_text(self) -> str | None:
@@ -368,7 +368,7 @@ class BenchClient:
             status, raw = self._request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise Unavailable(
-                f"cannot reach {url}: {str(exc)[:300]}", hint="start the server, or pass --base-url"
+                f"cannot reach {url}: {str(exc)[:300]}", fix="start the server, or pass --base-url"
             ) from exc
         except _TooLarge as exc:
             raise CheckFailed(f"{url}: {exc}") from exc

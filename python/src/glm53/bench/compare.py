@@ -173,7 +173,7 @@ def compare_summaries(a: Summary, b: Summary, *, a_label: str = "A", b_label: st
     if a.agent is not None or b.agent is not None:
         rows.extend(_agent_rows(a.agent, b.agent))
     if not rows:
-        raise BadInput("neither report has a section to compare", hint="run `glm53 bench run` first")
+        raise BadInput("neither report has a section to compare", fix="run `glm53 bench run` first")
     return Comparison(a_label=a_label, b_label=b_label, rows=rows)
 
 
@@ -197,7 +197,7 @@ def compare_to_recipe(summary: Summary, *, profile: str | None = None, label: st
     if profile not in recipe.profiles:
         raise BadInput(
             f"--figures {profile!r} is not one of the recipe's",
-            hint=f"use one of: {', '.join(recipe.profiles)}",
+            fix=f"use one of: {', '.join(recipe.profiles)}",
         )
     mine = _best_points(summary)
     rows: list[ComparisonRow] = []

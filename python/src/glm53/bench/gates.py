@@ -36,14 +36,14 @@ def parse_thresholds(spec: str | None, allowed: Mapping[str, str], *, flag: str 
         key, sep, raw = item.partition("=")
         key = key.strip().lower().replace("_", "-")
         if not sep or key not in allowed:
-            raise BadInput(f"{flag}: {item!r} is not KEY=NUMBER with a known KEY", hint=f"keys: {choices}")
+            raise BadInput(f"{flag}: {item!r} is not KEY=NUMBER with a known KEY", fix=f"keys: {choices}")
         try:
             value = float(raw)
         except ValueError as exc:
-            raise BadInput(f"{flag}: {key}={raw!r} is not a number", hint=f"e.g. {flag} {key}=45") from exc
+            raise BadInput(f"{flag}: {key}={raw!r} is not a number", fix=f"e.g. {flag} {key}=45") from exc
         # float() accepts "nan" and "inf": a gate against them could never pass (or never fail).
         if not math.isfinite(value):
-            raise BadInput(f"{flag}: {key}={raw.strip()!r} is not a finite number", hint=f"e.g. {flag} {key}=45")
+            raise BadInput(f"{flag}: {key}={raw.strip()!r} is not a finite number", fix=f"e.g. {flag} {key}=45")
         thresholds[key] = value
     return thresholds
 
@@ -121,5 +121,5 @@ def enforce_gates(section: str, gates: list[GateResult], *, report: str) -> None
         names = ", ".join(f"{g.name} ({g.subject})" for g in bad)
         raise CheckFailed(
             f"{section}: {len(bad)} of {len(gates)} gates failed: {names}",
-            hint=f"{report} keeps every value and reason",
+            fix=f"{report} keeps every value and reason",
         )

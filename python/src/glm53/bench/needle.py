@@ -74,10 +74,10 @@ def parse_sizes(spec: str, *, flag: str = "--sizes") -> list[int]:
     try:
         sizes = [int(part.replace("_", "")) for part in spec.split(",") if part.strip()]
     except ValueError as exc:
-        raise BadInput(f"{flag}: {spec!r} is not a comma-separated list of token counts", hint=example) from exc
+        raise BadInput(f"{flag}: {spec!r} is not a comma-separated list of token counts", fix=example) from exc
     if not sizes or any(not MIN_SIZE_TOKENS <= size <= MAX_SIZE_TOKENS for size in sizes):
         raise BadInput(
-            f"{flag}: every size must be between {MIN_SIZE_TOKENS} and {MAX_SIZE_TOKENS:,} tokens", hint=example
+            f"{flag}: every size must be between {MIN_SIZE_TOKENS} and {MAX_SIZE_TOKENS:,} tokens", fix=example
         )
     return sizes
 
@@ -87,9 +87,9 @@ def parse_depths(spec: str, *, flag: str = "--depths") -> list[float]:
     try:
         depths = [float(part) for part in spec.split(",") if part.strip()]
     except ValueError as exc:
-        raise BadInput(f"{flag}: {spec!r} is not a comma-separated list of numbers", hint=example) from exc
+        raise BadInput(f"{flag}: {spec!r} is not a comma-separated list of numbers", fix=example) from exc
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise BadInput(f"{flag}: depths are fractions between 0 and 1", hint=example)
+        raise BadInput(f"{flag}: depths are fractions between 0 and 1", fix=example)
     return depths
 
 
@@ -149,7 +149,7 @@ def run_needles(
                 raise BadInput(
                     f"--sizes: {size} tokens plus {max_tokens} answer tokens exceed the server's "
                     f"max_model_len {max_model_len}",
-                    hint="pass smaller --sizes",
+                    fix="pass smaller --sizes",
                 )
     rng = random.Random(seed)
     results: list[NeedleResult] = []

@@ -20,7 +20,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib  # optional: the plots extra
     except ImportError as exc:
-        raise Unavailable("matplotlib is not installed", hint="pip install 'glm53[plots]', or pass --no-plots") from exc
+        raise Unavailable("matplotlib is not installed", fix="pip install 'glm53[plots]', or pass --no-plots") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # optional: the plots extra, once its backend is chosen
 

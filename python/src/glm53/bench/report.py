@@ -168,32 +168,32 @@ def load_summary(path: Path) -> Summary:
     if path.is_dir():
         path = summary_path(path)
         if path.exists() and not path.is_file():
-            raise BadInput(f"{path} is not a file", hint="pass the report's directory or its summary.json")
+            raise BadInput(f"{path} is not a file", fix="pass the report's directory or its summary.json")
     raw = read_json(path, what="bench summary")
     if not isinstance(raw, dict):
         raise BadInput(
             f"{path}: a JSON {type(raw).__name__}, not an object",
-            hint="the file is not a glm53 bench summary",
+            fix="the file is not a glm53 bench summary",
         )
     version = raw.get("schema_version")
     if version is None:
-        raise BadInput(f"{path} has no schema_version", hint="the file is not a glm53 bench summary")
+        raise BadInput(f"{path} has no schema_version", fix="the file is not a glm53 bench summary")
     if version != SCHEMA_VERSION:
         raise BadInput(
             f"{path}: schema_version {version!r} is not {SCHEMA_VERSION!r}, the one this glm53 reads",
-            hint="compare reports of one schema: re-run the benchmark with this version of glm53, or read "
+            fix="compare reports of one schema: re-run the benchmark with this version of glm53, or read "
             "the report with the glm53 that wrote it",
         )
     where = _non_finite(raw)
     if where is not None:
         raise BadInput(
             f"{path}: {where} is not a finite number",
-            hint="the report was edited or damaged: re-run the benchmark",
+            fix="the report was edited or damaged: re-run the benchmark",
         )
     try:
         return Summary.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, str(path), hint="the file is not a glm53 bench summary") from exc
+        raise invalid_document(exc, str(path), fix="the file is not a glm53 bench summary") from exc
 
 
 def _non_finite(value: Any) -> str | None:
@@ -251,23 +251,23 @@ def prepare_out_dir(out_dir: Path) -> Path:
     not after an hour of measurement."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise BadInput(f"--out {out_dir} is a file, not a directory", hint="pass a directory for the report")
+        raise BadInput(f"--out {out_dir} is a file, not a directory", fix="pass a directory for the report")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BadInput(
             f"--out {out_dir}: cannot create the directory: {exc.strerror or exc}",
-            hint="pass a directory you can write to",
+            fix="pass a directory you can write to",
         ) from exc
     path = summary_path(out_dir)
     if path.exists() and not path.is_file():
-        raise BadInput(f"--out {out_dir}: {path} is not a file", hint="move it away, or pass another --out")
+        raise BadInput(f"--out {out_dir}: {path} is not a file", fix="move it away, or pass another --out")
     try:
         fd, probe = tempfile.mkstemp(prefix=".glm53-write-check.", dir=out_dir)
     except OSError as exc:
         raise BadInput(
             f"--out {out_dir}: cannot write there: {exc.strerror or exc}",
-            hint="pass a directory you can write to",
+            fix="pass a directory you can write to",
         ) from exc
     os.close(fd)
     with contextlib.suppress(OSError):
@@ -285,13 +285,13 @@ def ensure_same_server(out_dir: Path, server: ServerInfo | None) -> None:
     except BadInput as exc:
         raise BadInput(
             f"--out {out_dir} holds a report this glm53 cannot update: {exc.message}",
-            hint="pass another --out directory, or move the old report away",
+            fix="pass another --out directory, or move the old report away",
         ) from exc
     if previous is not None and (previous.base_url, previous.model) != (server.base_url, server.model):
         raise BadInput(
             f"--out {out_dir} holds a report of {previous.model} at {previous.base_url}, "
             f"not of {server.model} at {server.base_url}",
-            hint="pass another --out directory for this server",
+            fix="pass another --out directory for this server",
         )
 
 

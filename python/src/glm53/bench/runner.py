@@ -70,11 +70,11 @@ def parse_shapes(spec: str, *, flag: str = "--shapes") -> list[Shape]:
             raise BadInput(
                 f"{flag}: {item!r} is not PROMPT:OUTPUT with PROMPT >= 1 and OUTPUT >= 2 "
                 f"(at most {MAX_TOKENS_PER_REQUEST:,} each)",
-                hint=f"e.g. {flag} 8192:2048,131072:2048",
+                fix=f"e.g. {flag} 8192:2048,131072:2048",
             ) from exc
         shapes.append(shape)
     if not shapes:
-        raise BadInput(f"{flag} is empty", hint=f"e.g. {flag} {DEFAULT_SHAPES}")
+        raise BadInput(f"{flag} is empty", fix=f"e.g. {flag} {DEFAULT_SHAPES}")
     return shapes
 
 
@@ -262,7 +262,7 @@ def fitting_shapes(max_model_len: int | None) -> tuple[list[Shape], str | None]:
         if prompt + output > max_model_len:
             raise BadInput(
                 f"the server's max_model_len {max_model_len} is too small for a benchmark shape",
-                hint="serve with a larger MAX_MODEL_LEN",
+                fix="serve with a larger MAX_MODEL_LEN",
             )
         fit = [Shape(prompt_tokens=prompt, output_tokens=output)]
     labels = ",".join(shape.label for shape in fit)
@@ -282,7 +282,7 @@ def check_fits(shapes: Sequence[Shape], max_model_len: int | None, *, flag: str 
             raise BadInput(
                 f"{flag}: {shape.label} needs {needed} tokens of context; the server's max_model_len is "
                 f"{max_model_len}",
-                hint=f"pass smaller {flag}, or serve with a larger MAX_MODEL_LEN",
+                fix=f"pass smaller {flag}, or serve with a larger MAX_MODEL_LEN",
             )
 
 
@@ -409,4 +409,4 @@ def require_valid_runs(run: RunSection, report: Path) -> None:
     """Exit 1 (CheckFailed) when a shape has no valid run: nothing of it was measured, whatever the gates."""
     empty = [shape.shape for shape in run.shapes if shape.best.valid_runs == 0]
     if empty:
-        raise CheckFailed(f"no valid run for {', '.join(empty)}", hint=f"each run's reason is in {report}")
+        raise CheckFailed(f"no valid run for {', '.join(empty)}", fix=f"each run's reason is in {report}")

@@ -66,7 +66,7 @@ def measuring(target: Target) -> Iterator[Session]:
 
 def _connect(target: Target) -> tuple[BenchClient, ServerInfo]:
     if not math.isfinite(target.timeout_s):
-        raise BadInput(f"--timeout {target.timeout_s}: not a finite number of seconds", hint="e.g. --timeout 1800")
+        raise BadInput(f"--timeout {target.timeout_s}: not a finite number of seconds", fix="e.g. --timeout 1800")
     client = BenchClient(target.base_url, timeout_s=target.timeout_s, api_key=target.api_key)
     try:
         return client, client.server_info(target.model)
@@ -80,7 +80,7 @@ def _environment(server: ServerInfo, target: Target) -> Environment:
     if profile is not None and profile not in PROFILE_NAMES:
         raise BadInput(
             f"--profile {profile!r} is not a known profile",
-            hint=f"use one of: {', '.join(PROFILE_NAMES)}",
+            fix=f"use one of: {', '.join(PROFILE_NAMES)}",
         )
     prepare_out_dir(target.out_dir)
     ensure_same_server(target.out_dir, server)
@@ -97,12 +97,12 @@ def resolve_api_key(flag: str | None, key_file: Path | None, environ: Mapping[st
     """The bearer token: --api-key-file (read as `glm53 serve` reads it: bounded, refused when readable by
     every user), else --api-key, else GLM53_API_KEY, else OPENAI_API_KEY; None when none is set."""
     if key_file is not None and flag is not None:
-        raise BadInput("pass --api-key-file or --api-key, not both", hint="prefer --api-key-file")
+        raise BadInput("pass --api-key-file or --api-key, not both", fix="prefer --api-key-file")
     if key_file is not None:
         return read_api_key(key_file)
     if flag is not None:
         if not flag.strip():
-            raise BadInput("--api-key is empty", hint="pass the key in --api-key-file, or leave it out")
+            raise BadInput("--api-key is empty", fix="pass the key in --api-key-file, or leave it out")
         return flag
     env = os.environ if environ is None else environ
     for name in API_KEY_ENV:
@@ -119,7 +119,7 @@ def check_answer_fits(max_tokens: int, max_model_len: int | None, *, prompt_allo
         raise BadInput(
             f"{flag} {max_tokens} does not fit the server's max_model_len {max_model_len} "
             f"(with up to {prompt_allowance} tokens of prompt)",
-            hint=f"pass {flag} {room} or less" if room > 0 else "serve with a larger MAX_MODEL_LEN",
+            fix=f"pass {flag} {room} or less" if room > 0 else "serve with a larger MAX_MODEL_LEN",
         )
 
 

@@ -99,7 +99,7 @@ def confined(model_dir: Path, relative: str | PurePath) -> Path:
                 raise BadInput(
                     f"{root / relative} would be written through the symlink {current} -> {os.readlink(current)}, "
                     f"which leads outside {root}",
-                    hint="remove the link (or replace it with a real directory), then run the same command again",
+                    fix="remove the link (or replace it with a real directory), then run the same command again",
                 )
     return root / relative
 
@@ -110,23 +110,23 @@ def _local_error(path: Path, exc: OSError, model_dir: Path) -> BadInput:
     if exc.errno == errno.ENOSPC:
         return BadInput(
             f"no space left on device while writing {path}",
-            hint="free space, then run the same command again: the bytes written so far are kept",
+            fix="free space, then run the same command again: the bytes written so far are kept",
         )
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return BadInput(
             f"cannot write {path}: {reason}",
-            hint=f"make --model-dir {model_dir} writable, or pass a writable one",
+            fix=f"make --model-dir {model_dir} writable, or pass a writable one",
         )
     if exc.errno == errno.ELOOP:
-        return BadInput(f"cannot write {path}: it is a symlink", hint="remove the link, then run again")
-    return BadInput(f"cannot write {path}: {reason}", hint=f"check --model-dir {model_dir}")
+        return BadInput(f"cannot write {path}: it is a symlink", fix="remove the link, then run again")
+    return BadInput(f"cannot write {path}: {reason}", fix=f"check --model-dir {model_dir}")
 
 
 def _require_writable(model_dir: Path, why: str) -> None:
     if not os.access(model_dir, os.W_OK | os.X_OK):
         raise BadInput(
             f"--model-dir {model_dir} is not writable ({why})",
-            hint="make it writable (not a read-only mount), or pass another --model-dir",
+            fix="make it writable (not a read-only mount), or pass another --model-dir",
         )
 
 
@@ -150,7 +150,7 @@ def resolve_lock(
         if (lock.repo, lock.revision) != (repo, revision):
             raise BadInput(
                 f"lock {path} pins {lock.repo}@{lock.revision}, not {repo}@{revision}",
-                hint="pass the matching REPO and --revision, or another --checkpoint-lock",
+                fix="pass the matching REPO and --revision, or another --checkpoint-lock",
             )
         return lock, path, False
     if lock_path is not None:
@@ -332,7 +332,7 @@ class _Fetcher:
         if meta.commit_hash is None and meta.etag is None:  # a login page or a proxy's answer, not a Hub file
             raise Unavailable(
                 f"{url} answered without the Hub's headers (no X-Repo-Commit, no ETag): not the Hub's API",
-                hint=f"check HF_ENDPOINT (now {self.endpoint or 'unset: https://huggingface.co'}) and that no "
+                fix=f"check HF_ENDPOINT (now {self.endpoint or 'unset: https://huggingface.co'}) and that no "
                 "proxy or captive portal intercepts the connection",
             )
         if meta.commit_hash is not None and meta.commit_hash != self.revision:
@@ -340,7 +340,7 @@ class _Fetcher:
         if meta.size is not None and meta.size != f.size:
             raise CheckFailed(
                 f"the Hub serves {meta.size:,} bytes for {f.path} at {self.revision}; the lock says {f.size:,}",
-                hint="check that the lock belongs to this repository and revision",
+                fix="check that the lock belongs to this repository and revision",
             )
         try:
             job.part.parent.mkdir(parents=True, exist_ok=True)
@@ -354,7 +354,7 @@ class _Fetcher:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise BadInput(
-                    f"another download is writing {job.part}", hint="wait for it to finish, or stop it"
+                    f"another download is writing {job.part}", fix="wait for it to finish, or stop it"
                 ) from None
             kept = handle.tell()
             http_get(
@@ -464,7 +464,7 @@ def download_checkpoint(
             problems.append(rest.summary)
         raise CheckFailed(
             f"downloaded files do not match the lock {path}: {'; '.join(problems)}",
-            hint="run download again; if the same files fail, the Hub serves other bytes than the lock pins: "
+            fix="run download again; if the same files fail, the Hub serves other bytes than the lock pins: "
             "check the lock's repository and revision",
         )
     return result

@@ -68,7 +68,7 @@ def _not_the_hub(url: str, response: Any, what: str, endpoint: str | None) -> Un
     content_type = response.headers.get("Content-Type") or "no Content-Type"
     return Unavailable(
         f"{url} answered something that is not the Hub's API ({what}; {content_type})",
-        hint=f"check HF_ENDPOINT (now {endpoint or 'unset: https://huggingface.co'}) and that no proxy or "
+        fix=f"check HF_ENDPOINT (now {endpoint or 'unset: https://huggingface.co'}) and that no proxy or "
         "captive portal (a hotel or office login page) intercepts the connection",
     )
 
@@ -130,7 +130,7 @@ def lock_from_hub(
                 if type(exc).__module__.startswith(("httpx", "httpcore", "h11")):
                     raise Unavailable(
                         f"cannot read {repo}/{filename} (bytes {start}-{end - 1}) from the Hub: {exc}",
-                        hint="check the network, or HF_ENDPOINT; then run the same command again",
+                        fix="check the network, or HF_ENDPOINT; then run the same command again",
                     ) from exc
                 raise
 
@@ -158,7 +158,7 @@ def lock_from_hub(
             if len(data) != end - start:
                 raise Unavailable(
                     f"{repo}/{filename}: asked bytes {start}-{end - 1}, got {len(data)} bytes",
-                    hint="the connection broke or the server is not the Hub: try again, check HF_ENDPOINT",
+                    fix="the connection broke or the server is not the Hub: try again, check HF_ENDPOINT",
                 )
             return data
 
@@ -185,7 +185,7 @@ def lock_from_hub(
             except ValidationError as exc:
                 bad = invalid_document(exc, f"the Hub's metadata for {repo}/{name}")
                 raise Unavailable(
-                    bad.message, hint="the server is not the Hub, or answered nonsense: check HF_ENDPOINT"
+                    bad.message, fix="the server is not the Hub, or answered nonsense: check HF_ENDPOINT"
                 ) from exc
     return CheckpointLock(
         repo=repo, revision=revision, source="hub", total_size=sum(f.size for f in files), files=files
@@ -204,7 +204,7 @@ def hub_headers(token: str | bool | None = None) -> dict[str, str]:
             what = "HF_TOKEN (or the saved Hub token)" if key.lower() == "authorization" else f"the {key} header"
             raise BadInput(
                 f"{what} holds characters an HTTP header cannot carry (non-ASCII or control characters)",
-                hint="set HF_TOKEN to the token itself, e.g. hf_..., without quotes or spaces",
+                fix="set HF_TOKEN to the token itself, e.g. hf_..., without quotes or spaces",
             )
     return headers
 
@@ -220,7 +220,7 @@ def require_repo_id(repo: str) -> str:
     except HFValidationError as exc:
         raise BadInput(
             f"REPO {repo!r} is not a Hub repository id: {exc}",
-            hint="pass owner/name, e.g. turboderp/GLM-5.3-Flash-exl3",
+            fix="pass owner/name, e.g. turboderp/GLM-5.3-Flash-exl3",
         ) from exc
     return repo
 
@@ -236,7 +236,7 @@ def hub_endpoint(endpoint: str | None = None) -> str | None:
         where = f"HF_ENDPOINT={value!r}" if from_env else f"endpoint {value!r}"
         raise BadInput(
             f"{where} is not an http(s) URL of a Hub",
-            hint="unset it for huggingface.co, or set e.g. https://hf-mirror.com",
+            fix="unset it for huggingface.co, or set e.g. https://hf-mirror.com",
         )
     return value.rstrip("/")
 
@@ -273,32 +273,32 @@ def hub_errors(repo: str, revision: str) -> Iterator[None]:
     except json.JSONDecodeError as exc:  # huggingface_hub parsing an answer that is not JSON (a login page)
         raise Unavailable(
             f"the Hub answered something that is not its API for {where}: {exc}",
-            hint="check HF_ENDPOINT and that no proxy or captive portal intercepts the connection",
+            fix="check HF_ENDPOINT and that no proxy or captive portal intercepts the connection",
         ) from exc
     except HFValidationError as exc:
-        raise BadInput(f"{where}: {exc}", hint="pass owner/name and a full 40-hex commit") from exc
+        raise BadInput(f"{where}: {exc}", fix="pass owner/name and a full 40-hex commit") from exc
     except RevisionNotFoundError as exc:
         raise BadInput(
-            f"revision {revision} not found in {repo}", hint="check the commit hash (the full 40 hex digits)"
+            f"revision {revision} not found in {repo}", fix="check the commit hash (the full 40 hex digits)"
         ) from exc
     except GatedRepoError as exc:
-        raise BadInput(f"{repo} is gated", hint="accept its terms and set HF_TOKEN") from exc
+        raise BadInput(f"{repo} is gated", fix="accept its terms and set HF_TOKEN") from exc
     except RepositoryNotFoundError as exc:
         raise BadInput(
             f"repository {repo} not found on the Hub",
-            hint="check the name; private repositories need HF_TOKEN",
+            fix="check the name; private repositories need HF_TOKEN",
         ) from exc
     except EntryNotFoundError as exc:
         raise BadInput(f"a file of {where} is missing on the Hub: {exc}") from exc
     except HfHubHTTPError as exc:
         if exc.response is not None and exc.response.status_code < 500:
             raise BadInput(f"the Hub refused a request for {where}: {exc}") from exc
-        raise Unavailable(f"the Hub failed for {where}: {exc}", hint="try again later") from exc
+        raise Unavailable(f"the Hub failed for {where}: {exc}", fix="try again later") from exc
     except Exception as exc:
         if isinstance(exc, OSError) or type(exc).__module__.startswith(("httpx", "httpcore", "h11")):
             raise Unavailable(
                 f"cannot reach the Hub for {where}: {exc or type(exc).__name__}",
-                hint="check the network, or HF_ENDPOINT",
+                fix="check the network, or HF_ENDPOINT",
             ) from exc
         raise
 

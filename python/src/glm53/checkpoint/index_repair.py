@@ -135,7 +135,7 @@ def _load_index(model_dir: Path) -> tuple[Path, dict[str, Any], dict[str, str]]:
     if not isinstance(raw, dict) or not isinstance(raw.get("weight_map"), dict):
         raise BadInput(
             f"safetensors index {path}: `weight_map` must be an object of tensor -> file",
-            hint="restore the original index (or its .shards-only.json backup)",
+            fix="restore the original index (or its .shards-only.json backup)",
         )
     metadata = raw.get("metadata", {})
     if not isinstance(metadata, dict):
@@ -401,7 +401,7 @@ def _exclusive(model_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             raise BadInput(
                 f"another `glm53 model install` is repairing {model_dir} right now",
-                hint="wait for it to finish, then run install again (it finds nothing left to do)",
+                fix="wait for it to finish, then run install again (it finds nothing left to do)",
             ) from None
         except OSError:
             pass  # no locks on this file system
@@ -413,7 +413,7 @@ def _exclusive(model_dir: Path) -> Iterator[None]:
 def _changed_meanwhile(what: str) -> CheckFailed:
     return CheckFailed(
         f"{what} while install was running: another install (or a person) changed the checkpoint meanwhile",
-        hint="run `glm53 model install` again: it starts from what is there now",
+        fix="run `glm53 model install` again: it starts from what is there now",
     )
 
 
@@ -443,12 +443,12 @@ def _install(model_dir: Path) -> InstallResult:
     if not before.repairable:
         raise CheckFailed(
             f"{before.index}: cannot repair: {before.summary}",
-            hint="fix or re-download the checkpoint (`glm53 model verify`), then run install again",
+            fix="fix or re-download the checkpoint (`glm53 model verify`), then run install again",
         )
     if not os.access(model_dir, os.W_OK):
         raise BadInput(
             f"model directory {model_dir} is read-only: the index cannot be repaired in place",
-            hint="repair a writable copy, or run install before mounting it read-only",
+            fix="repair a writable copy, or run install before mounting it read-only",
         )
 
     index_path, raw, weight_map = _load_index(model_dir)

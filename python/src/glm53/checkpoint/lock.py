@@ -115,7 +115,7 @@ def require_full_revision(revision: str) -> str:
     if not FULL_REVISION.fullmatch(revision):
         raise BadInput(
             f"--revision {revision!r} is not a full 40-hex commit",
-            hint="pin the commit, e.g. --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9",
+            fix="pin the commit, e.g. --revision 332ab457b709b7ba30dd9a448be5de03b80a7ac9",
         )
     return revision
 
@@ -125,12 +125,12 @@ def load_lock(path: Path) -> CheckpointLock:
     try:
         return CheckpointLock.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, f"checkpoint lock {path}", hint="regenerate it with `glm53 model lock`") from exc
+        raise invalid_document(exc, f"checkpoint lock {path}", fix="regenerate it with `glm53 model lock`") from exc
 
 
 def write_lock(lock: CheckpointLock, path: Path, *, force: bool = False) -> None:
     if path.exists() and not force:
-        raise BadInput(f"{path} already exists", hint="pass --force to replace it")
+        raise BadInput(f"{path} already exists", fix="pass --force to replace it")
     atomic_write_json(path, lock.model_dump(mode="json"), overwrite=force)
 
 
@@ -160,7 +160,7 @@ def checkpoint_files(model_dir: Path) -> list[str]:
         except OSError as exc:
             raise BadInput(
                 f"model directory: cannot list {directory}: {exc.strerror}",
-                hint="make it readable, or move it out of the model directory",
+                fix="make it readable, or move it out of the model directory",
             ) from exc
         for entry in entries:
             relative = rel_dir / entry.name
@@ -178,13 +178,13 @@ def checkpoint_files(model_dir: Path) -> list[str]:
                         raise BadInput(
                             f"model directory: {rel} is a symlink to {os.readlink(entry.path)}, "
                             f"a directory outside {root}",
-                            hint="replace the link with the directory itself, or move the link out",
+                            fix="replace the link with the directory itself, or move the link out",
                         )
                     if real in ancestors:
                         raise BadInput(
                             f"model directory: {rel} is a symlink to {os.readlink(entry.path)}, "
                             "which loops back to a directory containing it",
-                            hint="remove the link",
+                            fix="remove the link",
                         )
                 walk(relative, (*ancestors, real))
                 continue
@@ -224,7 +224,7 @@ def lock_from_directory(
         changed = ", ".join(str(p) for p in [*outcome.changed_while_hashing, *outcome.vanished])
         raise Glm53Error(
             f"files changed, vanished or stopped being regular files while being hashed: {changed}",
-            hint="wait for writers to finish, then lock again",
+            fix="wait for writers to finish, then lock again",
         )
     files = []
     for rel, path in paths.items():
@@ -235,7 +235,7 @@ def lock_from_directory(
         try:
             size = path.stat().st_size
         except OSError as exc:
-            raise Glm53Error(f"{path} vanished while being locked", hint="wait for writers to finish") from exc
+            raise Glm53Error(f"{path} vanished while being locked", fix="wait for writers to finish") from exc
         files.append(LockedFile(path=rel, size=size, sha256=outcome.sha256[path], safetensors=st_info))
     return CheckpointLock(
         repo=repo, revision=revision, source="local", total_size=sum(f.size for f in files), files=files

@@ -109,13 +109,13 @@ def available_specs() -> list[str]:
 
 def load_model_spec(name: str) -> ModelSpec:
     if name not in available_specs():
-        raise BadInput(f"unknown model spec {name!r}", hint=f"known specs: {', '.join(available_specs())}")
+        raise BadInput(f"unknown model spec {name!r}", fix=f"known specs: {', '.join(available_specs())}")
     text = resources.files(_SPEC_PACKAGE).joinpath(_SPEC_FOLDER).joinpath(f"{name}.json").read_text("utf-8")
-    raw = parse_json(text, what=f"model spec {name}", hint="reinstall glm53: its packaged data is damaged")
+    raw = parse_json(text, what=f"model spec {name}", fix="reinstall glm53: its packaged data is damaged")
     try:
         return ModelSpec.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, f"model spec {name}", hint="reinstall glm53") from exc
+        raise invalid_document(exc, f"model spec {name}", fix="reinstall glm53") from exc
 
 
 def read_checkpoint_config(model_dir: Path) -> CheckpointConfig | None:

@@ -84,7 +84,7 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
             if stat.S_ISDIR(info.st_mode):
                 raise BadInput(f"{path} is a directory, not a safetensors file")
             if not stat.S_ISREG(info.st_mode):
-                raise BadInput(f"{path} is not a regular file (a FIFO or a device)", hint="replace it with the file")
+                raise BadInput(f"{path} is not a regular file (a FIFO or a device)", fix="replace it with the file")
             os.set_blocking(fd, True)
             file_size = info.st_size
             prefix = handle.read(8)
@@ -203,7 +203,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _bad(path: Path, problem: str) -> BadInput:
     return BadInput(
         f"{path}: invalid safetensors header: {problem}",
-        hint="the file is corrupt or not a safetensors file; download it again",
+        fix="the file is corrupt or not a safetensors file; download it again",
     )
 
 

@@ -86,12 +86,12 @@ def verify_checkpoint(
     started = time.perf_counter()
     root = Path(model_dir)
     if not root.is_dir():
-        raise BadInput(f"model directory not found: {root}", hint="pass the checkpoint directory")
+        raise BadInput(f"model directory not found: {root}", fix="pass the checkpoint directory")
     lock_path = Path(lock_path) if lock_path is not None else default_lock_path(root)
     if not lock_path.exists():
         raise BadInput(
             f"checkpoint lock not found: {lock_path}",
-            hint="make one with `glm53 model lock`, or pass --checkpoint-lock FILE",
+            fix="make one with `glm53 model lock`, or pass --checkpoint-lock FILE",
         )
     lock = load_lock(lock_path)
 

@@ -120,7 +120,7 @@ def settings_options(settings: type[BenchSettings], command: str) -> Callable[[C
         "settings",
         fields=fields,
         flags={**SETTINGS_FLAGS, **_gate_flags(settings)},
-        hint=f"see `glm53 bench {command} --help`",
+        fix=f"see `glm53 bench {command} --help`",
     )
 
 
@@ -163,7 +163,7 @@ def bench_options(
     kind's settings, then the shared access options; the command gets a Target, the settings model and `out`."""
     target_fields = (*TARGET_FIELDS, "backends") if backends else TARGET_FIELDS
     target = options_from(
-        Target, "target", fields=target_fields, flags=TARGET_FLAGS, hint=f"see `glm53 bench {command} --help`"
+        Target, "target", fields=target_fields, flags=TARGET_FLAGS, fix=f"see `glm53 bench {command} --help`"
     )
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -468,7 +468,7 @@ def compare_cmd(
         if (empty := comparison.why_empty()) is not None:
             raise CheckFailed(
                 empty,
-                hint="run `glm53 bench run --shapes` with the other side's shapes (the recipe's: 8192:2048, "
+                fix="run `glm53 bench run --shapes` with the other side's shapes (the recipe's: 8192:2048, "
                 "131072:2048, 260096:2048), or compare two reports of the same shapes",
             )
         return

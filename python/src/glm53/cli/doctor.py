@@ -52,10 +52,10 @@ def doctor_cmd(
     # vLLM's libraries only: an exllamav3 profile has no such check (its engine's checks fail as checks).
     engine = next((c for c in report.checks if c.name == ENGINE_LIBRARIES_CHECK), None)
     if engine is not None and engine.status == "fail":
-        raise Unavailable(engine.detail, hint=engine.fix)
+        raise Unavailable(engine.detail, fix=engine.fix)
     if not report.ok:
         names = ", ".join(c.name for c in report.failures)
-        raise CheckFailed(f"{len(report.failures)} check(s) failed: {names}", hint="see the fix column")
+        raise CheckFailed(f"{len(report.failures)} check(s) failed: {names}", fix="see the fix column")
 
 
 def register(app: typer.Typer) -> None:

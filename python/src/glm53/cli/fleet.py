@@ -18,7 +18,7 @@ from glm53.router.capacity import PlanInputs, plan_fleet
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from glm53.router.capacity import Plan, PolicyPlan, Spread
+    from glm53.router.capacity import FleetPlan, PolicyPlan, Spread
 
 fleet_app = App(no_args_is_help=True, help="Size a fleet of glm53 boxes behind the router.")
 
@@ -35,7 +35,7 @@ FLAGS = {
 
 
 @fleet_app.command("plan")
-@options_from(PlanInputs, "inputs", flags=FLAGS, hint="see `glm53 fleet plan --help`")
+@options_from(PlanInputs, "inputs", flags=FLAGS, fix="see `glm53 fleet plan --help`")
 def plan_cmd(inputs: PlanInputs, json_out: JsonOpt = False) -> None:
     """Boxes needed so that 95% of agent turns finish within --p95-seconds, for every seed.
 
@@ -55,7 +55,7 @@ def plan_cmd(inputs: PlanInputs, json_out: JsonOpt = False) -> None:
     out = Output(json_mode=json_out)
     out.result(result, lambda console: render_plan(console, result))
     if not result.meets:
-        raise CheckFailed(result.reason or "no fleet meets the target", hint="see the assumptions printed above")
+        raise CheckFailed(result.reason or "no fleet meets the target", fix="see the assumptions printed above")
 
 
 def _spread(s: Spread, fmt: str = ",.1f", unit: str = "") -> str:
@@ -72,7 +72,7 @@ def _boxes(p: PolicyPlan) -> str:
     return f"{p.boxes} (per seed {_spread(p.boxes_spread, 'g')})"
 
 
-def render_plan(console: Console, plan: Plan) -> None:
+def render_plan(console: Console, plan: FleetPlan) -> None:
     i = plan.inputs
     pace = f"pace >= {plan.pace_target_turns_per_min:.2f} turns/min ({i.min_pace:.0%} of {i.turns_per_min:g})"
     head = (

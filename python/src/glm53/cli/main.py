@@ -76,8 +76,8 @@ def main() -> None:
         err = SafeConsole(stderr=True, soft_wrap=True)
         # A message quotes paths and values from outside: markup in them is text, not style.
         err.print(f"[bold red]error:[/bold red] {escape(exc.message)}", highlight=False)
-        if exc.hint:
-            err.print(f"[dim]hint:[/dim] {escape(exc.hint)}", highlight=False)
+        if exc.fix:
+            err.print(f"[dim]hint:[/dim] {escape(exc.fix)}", highlight=False)
         if os.environ.get("GLM53_DEBUG"):
             raise
         sys.exit(exc.exit_code)

@@ -74,7 +74,7 @@ def lock_cmd(
     if model_dir is None:
         if repo is None:
             raise BadInput(
-                "nothing to lock", hint="pass --model-dir DIR (the checkpoint), or a Hub repository REPO --revision REV"
+                "nothing to lock", fix="pass --model-dir DIR (the checkpoint), or a Hub repository REPO --revision REV"
             )
         if revision is None:
             raise BadInput(f"locking {repo} from the Hub needs --revision (a full 40-hex commit)")
@@ -95,7 +95,7 @@ def lock_cmd(
 
 def _refuse_existing(target: Path, force: bool) -> None:
     if target.is_dir():
-        raise BadInput(f"--out {target} is a directory", hint="pass the lock file's path")
+        raise BadInput(f"--out {target} is a directory", fix="pass the lock file's path")
     refuse_to_replace([target], force=force)
 
 
@@ -162,7 +162,7 @@ def verify_cmd(
     if not report.ok:
         raise CheckFailed(
             f"{model_dir} does not match its lock: {report.summary}",
-            hint="download the listed files again (glm53 model download), or re-lock deliberately",
+            fix="download the listed files again (glm53 model download), or re-lock deliberately",
         )
 
 
@@ -187,7 +187,7 @@ def install_cmd(
     if check and not result.before.ok:
         raise CheckFailed(
             f"the index of {model_dir} needs the repair: {result.message}",
-            hint=f"glm53 model install --model-dir {model_dir}",
+            fix=f"glm53 model install --model-dir {model_dir}",
         )
 
 

@@ -59,26 +59,26 @@ def flag_error(
     *,
     given: Sequence[str] | None = None,
     source: str = "the command line",
-    hint: str | None = None,
+    fix: str | None = None,
 ) -> BadInput:
     """The first error of `exc` as BadInput: `--flag VALUE: why` when a flag gave the field (every field in
     `flags`, or those in `given` when given), else `SOURCE: field: why` (a value from a file or profile)."""
     first = exc.errors()[0]
     field = str(first["loc"][0]) if first["loc"] else ""
     if field in flags and (given is None or field in given):
-        return BadInput(f"{flags[field]} {first.get('input')!r}: {first['msg']}", hint=hint)
-    return invalid_document(exc, source, hint=hint)
+        return BadInput(f"{flags[field]} {first.get('input')!r}: {first['msg']}", fix=fix)
+    return invalid_document(exc, source, fix=fix)
 
 
 @contextmanager
 def flags_of(
-    flags: Mapping[str, str], *, given: Sequence[str] | None = None, source: str = "the command line", hint: str
+    flags: Mapping[str, str], *, given: Sequence[str] | None = None, source: str = "the command line", fix: str
 ) -> Iterator[None]:
     """Inside: a ValidationError leaves as BadInput naming the flag (flag_error)."""
     try:
         yield
     except ValidationError as exc:
-        raise flag_error(exc, flags, given=given, source=source, hint=hint) from exc
+        raise flag_error(exc, flags, given=given, source=source, fix=fix) from exc
 
 
 def _optional(annotation: Any) -> tuple[Any, bool]:
@@ -182,7 +182,7 @@ def options_from(
     fields: Sequence[str] | None = None,
     flags: Mapping[str, Flag] | None = None,
     given_only: str | None = None,
-    hint: str = "see the command's --help",
+    fix: str = "see the command's --help",
 ) -> Callable[[F], F]:
     """Replace the command's parameter `param` by an option per field of `model` (all, or `fields` in that
     order). Without `given_only` the command gets the validated model; with it, a dict of the fields given
@@ -210,7 +210,7 @@ def options_from(
             if given_only is not None:
                 kwargs[param] = values
             else:
-                with flags_of(flag_of, hint=hint):
+                with flags_of(flag_of, fix=fix):
                     kwargs[param] = model.model_validate(values)
             return func(*args, **kwargs)
 

@@ -56,7 +56,7 @@ def refuse_to_replace(paths: Iterable[Path], *, force: bool) -> None:
         return
     for path in paths:
         if path.exists() and not path.is_dir():
-            raise BadInput(f"{path} already exists", hint="pass --force to replace it")
+            raise BadInput(f"{path} already exists", fix="pass --force to replace it")
 
 
 CheckpointLockOpt = Annotated[

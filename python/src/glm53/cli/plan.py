@@ -30,7 +30,7 @@ from glm53.plan.cache.plots import CURVES_PNG, POLICIES_PNG, plot_miss_ratio_cur
 from glm53.plan.cache.render import render_comparison
 from glm53.plan.exllamav3.expert_cache import (
     RECIPE_PINNED_FRACTION,
-    CachePlan,
+    ExpertCachePlan,
     check_pinned_fraction,
     check_trace_matches,
     choose_pinned_fraction,
@@ -186,7 +186,7 @@ def host_cmd(
         if vllm_only:
             raise BadInput(
                 f"{', '.join(vllm_only)}: vLLM plan options; profile {profile} runs on exllamav3",
-                hint="see `glm53 plan host --help`; the ExLlamaV3 plan takes --rig, --gpu-memory, --max-model-len, "
+                fix="see `glm53 plan host --help`; the ExLlamaV3 plan takes --rig, --gpu-memory, --max-model-len, "
                 "--max-num-seqs, --pool-threads, --stats, --out",
             )
         _plan_exl3(
@@ -211,7 +211,7 @@ def host_cmd(
         refuse_to_replace(_plan_files(out, RANKINGS_FILENAME if stats is not None else None), force=force)
     target = target_from_options(rig, ram, cpus)
     source = f"profile {profile}" if profile is not None else "the recipe's values"
-    with flags_of(SHAPE_FLAG_NAMES, given=list(given), source=source, hint="see `glm53 plan host --help`"):
+    with flags_of(SHAPE_FLAG_NAMES, given=list(given), source=source, fix="see `glm53 plan host --help`"):
         serving = serving_shape(profile, given)
     saved = save_plan(
         plan_for_host(
@@ -343,7 +343,7 @@ def simulate(
     fractions = parse_budgets(budgets)
     scenarios = parse_shifts(drift, flag="--drift")
     if out is not None and out.is_dir():
-        raise BadInput(f"--out {out} is a directory", hint="give the report file's path, e.g. --out report.json")
+        raise BadInput(f"--out {out} is a directory", fix="give the report file's path, e.g. --out report.json")
     if out is not None:
         refuse_to_replace([out], force=force)
     if plots_dir is not None:
@@ -384,7 +384,7 @@ def _pinned_fraction(text: str) -> float | None:
         value = float(text)
     except ValueError:
         raise BadInput(
-            f"--pinned-fraction {text!r} is not a number", hint="give a share from 0 to 1, or 'auto'"
+            f"--pinned-fraction {text!r} is not a number", fix="give a share from 0 to 1, or 'auto'"
         ) from None
     return check_pinned_fraction(value)
 
@@ -429,7 +429,7 @@ def expert_cache_cmd(
     """
     output = Output(json_mode=json_mode)
     if not cache_memory:
-        raise BadInput("--cache-memory is required", hint="give what the cache may take of each GPU, e.g. 14GiB")
+        raise BadInput("--cache-memory is required", fix="give what the cache may take of each GPU, e.g. 14GiB")
     budget = parse_size(cache_memory, flag="--cache-memory")
     fraction = _pinned_fraction(pinned_fraction)
     facts = model_facts(model_dir)
@@ -450,7 +450,7 @@ def expert_cache_cmd(
             bar.update("replaying pinned shares", 0, 1)
             choice = choose_pinned_fraction(trace, size, seed=seed)
         size = size.model_copy(update={"pinned": round(choice.pinned_fraction * size.slots)})
-    plan = CachePlan(
+    plan = ExpertCachePlan(
         model=facts.name,
         size=size,
         choice=choice,
@@ -468,7 +468,7 @@ SYNTH_FLAGS = {
 
 @trace_app.command("synth")
 @options_from(
-    SyntheticTraceSpec, "spec", fields=SYNTH_FIELDS, flags=SYNTH_FLAGS, hint="see `glm53 plan trace synth --help`"
+    SyntheticTraceSpec, "spec", fields=SYNTH_FIELDS, flags=SYNTH_FLAGS, fix="see `glm53 plan trace synth --help`"
 )
 def synth(
     out: TraceOutOpt,
@@ -495,11 +495,11 @@ def synth(
     output = Output(json_mode=json_mode)
     for path, flag in ((out, "--out"), (counts, "--counts")):
         if path is not None and path.is_dir():
-            raise BadInput(f"{flag} {path} is a directory", hint=f"give {flag} the path of the file to write")
+            raise BadInput(f"{flag} {path} is a directory", fix=f"give {flag} the path of the file to write")
     refuse_to_replace([out, *([counts] if counts is not None else [])], force=force)
     if shape is not None:
         if shape not in SHAPES:
-            raise BadInput(f"--shape {shape!r} is not a trace shape", hint="one of: " + ", ".join(SHAPES))
+            raise BadInput(f"--shape {shape!r} is not a trace shape", fix="one of: " + ", ".join(SHAPES))
         trace = make_shape(
             shape, seed=spec.seed, steps=spec.steps, layers=spec.layers, experts=spec.experts, top_k=spec.top_k
         )
@@ -542,9 +542,9 @@ def import_capture(
     """
     output = Output(json_mode=json_mode)
     if source_format not in ("auto", *IMPORT_FORMATS):
-        raise BadInput(f"--format {source_format!r}", hint="auto, " + ", ".join(IMPORT_FORMATS))
+        raise BadInput(f"--format {source_format!r}", fix="auto, " + ", ".join(IMPORT_FORMATS))
     if out.is_dir():
-        raise BadInput(f"--out {out} is a directory", hint="give --out the path of the file to write")
+        raise BadInput(f"--out {out} is a directory", fix="give --out the path of the file to write")
     refuse_to_replace([out], force=force)
     imported = import_trace(
         source,

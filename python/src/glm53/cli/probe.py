@@ -33,7 +33,7 @@ def probe(
 
     output = Output(json_mode=json_mode)
     if out is not None and out.is_dir():
-        raise BadInput(f"--out {out} is a directory", hint="give the report file's path, e.g. --out probe.json")
+        raise BadInput(f"--out {out} is a directory", fix="give the report file's path, e.g. --out probe.json")
     if out is not None:
         refuse_to_replace([out], force=force)
     report, seconds = timed_probe(block_bytes, repeats, device)

@@ -98,7 +98,7 @@ def check(
         result, lambda console: render_findings("repository vs lock", result.findings, console)
     )
     if not result.ok:
-        raise CheckFailed("the repository disagrees with repro.lock.json", hint="see the fix column")
+        raise CheckFailed("the repository disagrees with repro.lock.json", fix="see the fix column")
 
 
 @repro_app.command("audit-build")
@@ -122,13 +122,13 @@ def audit_build_cmd(
 
     extra = [*(["-f", str(file)] if file else []), *(nix_arg or [])]
     if not installable and file is None:
-        raise BadInput("nothing to audit", hint="name a flake output (e.g. .#glm53) or pass --file FILE")
+        raise BadInput("nothing to audit", fix="name a flake output (e.g. .#glm53) or pass --file FILE")
     result = audit_build(installable, extra_args=extra)
     Output(json_mode=json_out).result(result, lambda console: render_build_audit(result, console))
     if not result.reproducible:
         raise CheckFailed(
             f"{result.installable} is not bit-for-bit reproducible",
-            hint="rebuild with --keep-failed and compare the outputs with diffoscope",
+            fix="rebuild with --keep-failed and compare the outputs with diffoscope",
         )
 
 
@@ -160,7 +160,7 @@ def audit_host_cmd(
         names = ", ".join(c.name for c in report.failures)
         raise CheckFailed(
             f"this host differs from what the {engine} engine needs or was validated on: {names}",
-            hint="see the fix column",
+            fix="see the fix column",
         )
 
 
@@ -192,7 +192,7 @@ def resolve_cmd(
 
     path = lock_path or find_repro_lock(Path.cwd())
     if path is None:
-        raise BadInput("repro.lock.json not found", hint="pass --lock FILE")
+        raise BadInput("repro.lock.json not found", fix="pass --lock FILE")
     updates = tuple(update or ())
     lock = load_repro_lock(path)
     pending = pending_pins(lock, update=updates)
@@ -213,9 +213,9 @@ def resolve_cmd(
         typer.echo(printable(result.diff), nl=False)  # the lock's own text: shown, never acted on
     if not yes:
         if json_out or not sys.stdin.isatty():
-            raise BadInput("not written: confirm with --yes", hint="review the diff, then run again with --yes")
+            raise BadInput("not written: confirm with --yes", fix="review the diff, then run again with --yes")
         if not typer.confirm(f"write {path}?", default=False):
-            raise CheckFailed("not written", hint="run again and answer yes, or pass --yes")
+            raise CheckFailed("not written", fix="run again and answer yes, or pass --yes")
     write_resolution(path, old, new)
     result.written = True
     out.result(result, lambda console: console.print(f"[green]wrote[/green] {path}"))
@@ -244,11 +244,11 @@ def audit_image_cmd(
 
     if tarball:
         if len(tarball) != 2:
-            raise BadInput("--tarball takes exactly two files", hint="--tarball A.tar --tarball B.tar")
+            raise BadInput("--tarball takes exactly two files", fix="--tarball A.tar --tarball B.tar")
         result = compare_image_tarballs(tarball[0], tarball[1])
     else:
         if keep is not None and (problem := missing_directory(keep)) is not None:
-            raise BadInput(f"--keep: {keep} {problem}", hint="create the directory first, or leave --keep out")
+            raise BadInput(f"--keep: {keep} {problem}", fix="create the directory first, or leave --keep out")
         with tempfile.TemporaryDirectory(prefix="glm53-image-", dir=keep) as tmp:
             where = keep if keep is not None else Path(tmp)
             a, b = stream_image_twice(installable, where)
@@ -258,7 +258,7 @@ def audit_image_cmd(
                     (Path(tmp) / name).unlink(missing_ok=True)
     Output(json_mode=json_out).result(result, lambda console: render_image_audit(result, console))
     if not result.identical:
-        raise CheckFailed("the two image tarballs differ: " + result.detail, hint=result.suggestion)
+        raise CheckFailed("the two image tarballs differ: " + result.detail, fix=result.suggestion)
 
 
 @repro_app.command("manifest")
@@ -308,7 +308,7 @@ def diff_cmd(
 
     first = load_manifest(a)
     if (b is None) == (lock is None):
-        raise BadInput("compare with one thing", hint="glm53 repro diff A.json B.json, or A.json --lock LOCK")
+        raise BadInput("compare with one thing", fix="glm53 repro diff A.json B.json, or A.json --lock LOCK")
     if b is not None:
         result = diff_manifests(first, load_manifest(b), a_name=str(a), b_name=str(b))
     else:
@@ -317,4 +317,4 @@ def diff_cmd(
     Output(json_mode=json_out).result(result, lambda console: render_manifest_diff(result, console))
     if result.pinned_differ:
         names = ", ".join(d.fact for d in result.differences if d.group == "pinned")
-        raise CheckFailed(f"pinned facts differ: {names}", hint="see the table; the pinned group decides")
+        raise CheckFailed(f"pinned facts differ: {names}", fix="see the table; the pinned group decides")

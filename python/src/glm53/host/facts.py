@@ -57,12 +57,12 @@ class HostFacts(BaseModel):
 
     def require_memory(self) -> HostMemory:
         if self.memory is None:
-            raise BadInput(f"host memory: {self.memory_error}", hint="is /proc mounted?")
+            raise BadInput(f"host memory: {self.memory_error}", fix="is /proc mounted?")
         return self.memory
 
     def require_topology(self) -> HostTopology:
         if self.topology is None:
-            raise BadInput(f"CPU topology: {self.topology_error}", hint="is /sys mounted?")
+            raise BadInput(f"CPU topology: {self.topology_error}", fix="is /sys mounted?")
         return self.topology
 
 

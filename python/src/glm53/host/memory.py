@@ -35,7 +35,7 @@ def read_meminfo(root: Path = Path("/")) -> dict[str, int]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror}", hint="is /proc mounted?") from exc
+        raise BadInput(f"cannot read {path}: {exc.strerror}", fix="is /proc mounted?") from exc
     values: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
@@ -47,7 +47,7 @@ def read_meminfo(root: Path = Path("/")) -> dict[str, int]:
         scale = 1024 if len(fields) > 1 and fields[1] == "kB" else 1
         values[key.strip()] = int(fields[0]) * scale
     if "MemTotal" not in values:
-        raise BadInput(f"{path} has no MemTotal line", hint="is /proc mounted?")
+        raise BadInput(f"{path} has no MemTotal line", fix="is /proc mounted?")
     return values
 
 

@@ -76,7 +76,7 @@ class MissingLibrary(BaseModel):
     needed_by: list[str]
     debian_package: str | None  # from the project's package list, when it names this library
 
-    def install_hint(self) -> str:
+    def install_fix(self) -> str:
         if self.debian_package:
             return f"apt-get install {self.debian_package}"
         return f"install the package that provides {self.soname} (Debian: apt-file search {self.soname})"
@@ -320,17 +320,17 @@ def describe_missing(missing: list[MissingLibrary]) -> tuple[str, str]:
         users = ", ".join(lib.needed_by[:3]) + (f" and {len(lib.needed_by) - 3} more" if len(lib.needed_by) > 3 else "")
         parts.append(f"{lib.soname} (needed by {users})")
     packages = sorted({lib.debian_package for lib in missing if lib.debian_package})
-    hints = [install_command(packages)] if packages else []
-    hints += [lib.install_hint() for lib in missing if not lib.debian_package]
-    return "the engine cannot load " + "; ".join(parts), "; ".join(hints)
+    fixes = [install_command(packages)] if packages else []
+    fixes += [lib.install_fix() for lib in missing if not lib.debian_package]
+    return "the engine cannot load " + "; ".join(parts), "; ".join(fixes)
 
 
 def require_engine_libraries(view: LoaderView | None = None) -> None:
     """Raise Unavailable (exit 3) naming each library the engine needs and this host lacks."""
     missing = missing_engine_libraries(view)
     if missing:
-        message, hint = describe_missing(missing)
-        raise Unavailable(message + "; nothing was started", hint=hint)
+        message, fix = describe_missing(missing)
+        raise Unavailable(message + "; nothing was started", fix=fix)
 
 
 def _common_parent(paths: list[Path]) -> Path:

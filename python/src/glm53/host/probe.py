@@ -49,11 +49,11 @@ def _torch() -> Any:
     try:
         import torch  # heavy: torch and CUDA load only for a probe
     except (ImportError, OSError) as exc:  # OSError: torch present but a CUDA library it loads is not
-        raise Unavailable("glm53 probe needs torch with CUDA", hint="install torch with CUDA support") from exc
+        raise Unavailable("glm53 probe needs torch with CUDA", fix="install torch with CUDA support") from exc
     if not torch.cuda.is_available():
         raise Unavailable(
             "no CUDA device is available to probe",
-            hint="run `glm53 probe` on the GPU host; pass its JSON to `glm53 plan host --bandwidth`",
+            fix="run `glm53 probe` on the GPU host; pass its JSON to `glm53 plan host --bandwidth`",
         )
     return torch
 
@@ -85,11 +85,11 @@ def _time_ms(torch: Any, action: Any, repeats: int) -> float:
 
 def check_probe_args(block_bytes: int, repeats: int, device: int) -> None:
     if not 1 <= block_bytes <= MAX_BLOCK_BYTES:
-        raise BadInput(f"--block-bytes {block_bytes:,} must lie in 1..{MAX_BLOCK_BYTES:,}", hint="e.g. 9474060")
+        raise BadInput(f"--block-bytes {block_bytes:,} must lie in 1..{MAX_BLOCK_BYTES:,}", fix="e.g. 9474060")
     if not 1 <= repeats <= MAX_REPEATS:
-        raise BadInput(f"--repeats {repeats:,} must lie in 1..{MAX_REPEATS:,}", hint="e.g. 50")
+        raise BadInput(f"--repeats {repeats:,} must lie in 1..{MAX_REPEATS:,}", fix="e.g. 50")
     if device < 0:
-        raise BadInput(f"--device {device} is not a device index", hint="0 is the first GPU")
+        raise BadInput(f"--device {device} is not a device index", fix="0 is the first GPU")
 
 
 def probe_bandwidth(block_bytes: int = EXPERT_BLOCK_BYTES, repeats: int = 50, device: int = 0) -> ProbeReport:
@@ -97,13 +97,13 @@ def probe_bandwidth(block_bytes: int = EXPERT_BLOCK_BYTES, repeats: int = 50, de
     torch = _torch()
     count = int(torch.cuda.device_count())
     if device >= count:
-        raise BadInput(f"--device {device}: this host has {count} CUDA device(s)", hint=f"use 0..{count - 1}")
+        raise BadInput(f"--device {device}: this host has {count} CUDA device(s)", fix=f"use 0..{count - 1}")
     try:
         return _measure(torch, block_bytes, repeats, device)
     except (RuntimeError, AssertionError) as exc:  # CUDA errors: out of memory, a busy or lost device
         raise Unavailable(
             f"the probe failed on CUDA device {device}: {str(exc).strip().splitlines()[0] if str(exc) else exc!r}",
-            hint="check the GPU with nvidia-smi; try a smaller --block-bytes",
+            fix="check the GPU with nvidia-smi; try a smaller --block-bytes",
         ) from exc
 
 

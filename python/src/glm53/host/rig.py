@@ -66,12 +66,12 @@ def load_rig(spec: str, *, flag: str = "--rig") -> Rig:
     else:
         raise BadInput(
             f"{flag}: no rig named {spec!r}",
-            hint=f"packaged rigs: {', '.join(rig_names())}; or give a JSON file (docs/plan.md shows its fields)",
+            fix=f"packaged rigs: {', '.join(rig_names())}; or give a JSON file (docs/plan.md shows its fields)",
         )
     try:
         return Rig.model_validate(data)
     except ValidationError as exc:
-        raise invalid_document(exc, what, hint="docs/plan.md lists a rig's fields") from exc
+        raise invalid_document(exc, what, fix="docs/plan.md lists a rig's fields") from exc
 
 
 def rig_topology(rig: Rig) -> HostTopology:

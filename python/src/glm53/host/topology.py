@@ -35,14 +35,14 @@ def parse_cpu_list(text: str, *, what: str = "CPU list") -> tuple[int, ...]:
             continue
         low, dash, high = item.partition("-")
         if not re.fullmatch(r"[0-9]+", low) or (dash and not re.fullmatch(r"[0-9]+", high)):
-            raise BadInput(f"{what}: {item[:40]!r} is not a CPU number or range", hint="use the form 0-3,8,10-11")
+            raise BadInput(f"{what}: {item[:40]!r} is not a CPU number or range", fix="use the form 0-3,8,10-11")
         if max(len(low), len(high)) > len(str(MAX_CPUS)):
-            raise BadInput(f"{what}: {item[:40]!r} is beyond the {MAX_CPUS} CPUs Linux supports", hint=_CPU_HINT)
+            raise BadInput(f"{what}: {item[:40]!r} is beyond the {MAX_CPUS} CPUs Linux supports", fix=_CPU_HINT)
         start, end = int(low), int(high) if dash else int(low)
         if end < start:
-            raise BadInput(f"{what}: range {item!r} runs backwards", hint="write ranges low-high")
+            raise BadInput(f"{what}: range {item!r} runs backwards", fix="write ranges low-high")
         if end >= MAX_CPUS:
-            raise BadInput(f"{what}: CPU {end} is beyond the {MAX_CPUS} CPUs Linux supports", hint=_CPU_HINT)
+            raise BadInput(f"{what}: CPU {end} is beyond the {MAX_CPUS} CPUs Linux supports", fix=_CPU_HINT)
         cpus.update(range(start, end + 1))
     return tuple(sorted(cpus))
 
@@ -121,7 +121,7 @@ def read_allowed_cpus(root: Path = Path("/")) -> tuple[int, ...]:
     if online is None:
         raise BadInput(
             f"cannot find the allowed CPUs under {root}",
-            hint="neither /proc/self/status nor /sys/devices/system/cpu/online is readable",
+            fix="neither /proc/self/status nor /sys/devices/system/cpu/online is readable",
         )
     return parse_cpu_list(online, what=str(root / "sys/devices/system/cpu/online"))
 
@@ -184,7 +184,7 @@ def pci_device_numa_node(root: Path, bus_id: str) -> int | None:
 def read_topology(root: Path = Path("/")) -> HostTopology:
     cpu_root = root / "sys/devices/system/cpu"
     if not cpu_root.is_dir():
-        raise BadInput(f"{cpu_root} does not exist", hint="is /sys mounted?")
+        raise BadInput(f"{cpu_root} does not exist", fix="is /sys mounted?")
     allowed = read_allowed_cpus(root)
     allowed_set = set(allowed)
     nodes = _numa_nodes(root)
@@ -199,7 +199,7 @@ def read_topology(root: Path = Path("/")) -> HostTopology:
         if package is None or siblings is None:
             raise BadInput(
                 f"{topo} is missing physical_package_id or thread_siblings_list",
-                hint="the kernel exposes CPU topology in sysfs since 2.6; is /sys mounted?",
+                fix="the kernel exposes CPU topology in sysfs since 2.6; is /sys mounted?",
             )
         cpus.append(
             LogicalCpu(

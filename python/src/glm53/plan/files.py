@@ -21,7 +21,7 @@ def check_out_dir(directory: Path, *, what: str = "--out") -> None:
             if not parent.is_dir():
                 raise BadInput(
                     f"{what} {directory}: {parent} is a file, not a directory",
-                    hint=f"give {what} a directory (it is created, and plan.json, plan.env and the rankings go "
+                    fix=f"give {what} a directory (it is created, and plan.json, plan.env and the rankings go "
                     "there), or another path",
                 )
             return
@@ -34,5 +34,5 @@ def make_out_dir(directory: Path, *, what: str = "--out") -> None:
     except OSError as exc:
         raise BadInput(
             f"{what}: cannot create the directory {directory}: {exc.strerror}",
-            hint="check that its parent is writable, or give another path",
+            fix="check that its parent is writable, or give another path",
         ) from exc

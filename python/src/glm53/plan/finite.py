@@ -34,7 +34,7 @@ def require_finite(value: Any, *, what: str) -> Any:
     if where is not None:
         raise CheckFailed(
             f"{what}: {where or 'the value'} is not a finite number, which JSON cannot hold; nothing was written",
-            hint="an input was out of range: check the files and flags given (e.g. the --bandwidth report)",
+            fix="an input was out of range: check the files and flags given (e.g. the --bandwidth report)",
         )
     return value
 

@@ -50,7 +50,7 @@ ENGINE_LIBRARIES_CHECK = "engine libraries"
 EXL3_MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
-class Check(BaseModel):
+class DoctorFinding(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
@@ -61,7 +61,7 @@ class Check(BaseModel):
 
 class DoctorReport(BaseModel):
     profile: str | None
-    checks: list[Check]
+    checks: list[DoctorFinding]
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -69,7 +69,7 @@ class DoctorReport(BaseModel):
         return not any(c.status == "fail" for c in self.checks)
 
     @property
-    def failures(self) -> list[Check]:
+    def failures(self) -> list[DoctorFinding]:
         return [c for c in self.checks if c.status == "fail"]
 
 
@@ -280,9 +280,9 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
-def check_platform(f: HostFacts) -> Check:
+def check_platform(f: HostFacts) -> DoctorFinding:
     ok = f.machine in ("x86_64", "amd64")
-    return Check(
+    return DoctorFinding(
         name="platform",
         status="ok" if ok else "fail",
         detail=f"Linux {f.machine}",
@@ -299,24 +299,26 @@ def _gpu_count_fix(found: int, need: Requirements, limits: HostLimits) -> str:
     )
 
 
-def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[Check]:
+def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[DoctorFinding]:
     if not f.gpus:
         if need.gpus == 0:
             return [
-                Check(name="gpus", status="ok", detail=f"no NVIDIA GPU: {f.gpu_error}; this profile runs on the CPU")
+                DoctorFinding(
+                    name="gpus", status="ok", detail=f"no NVIDIA GPU: {f.gpu_error}; this profile runs on the CPU"
+                )
             ]
         return [
-            Check(
+            DoctorFinding(
                 name="gpus",
                 status="fail",
                 detail=f"no NVIDIA GPU: {f.gpu_error}; this profile needs {need.gpus}",
                 fix=f"run on the GPU machine (driver >= {limits.driver_min} installed), or use --profile cpu-tiny here",
             )
         ]
-    checks: list[Check] = []
+    checks: list[DoctorFinding] = []
     count_ok = len(f.gpus) >= need.gpus
     checks.append(
-        Check(
+        DoctorFinding(
             name="gpu count",
             status="ok" if count_ok else "fail",
             detail=f"{len(f.gpus)} GPU(s): "
@@ -328,7 +330,7 @@ def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[Che
     drivers = sorted({gpu.driver_version for gpu in f.gpus})
     driver_ok = all(_version_tuple(d)[:1] >= (limits.driver_min,) for d in drivers)
     checks.append(
-        Check(
+        DoctorFinding(
             name="nvidia driver",
             status="ok" if driver_ok else ("fail" if need.gpus else "warn"),
             detail=f"{', '.join(drivers)} (need >= {limits.driver_min} for CUDA {limits.cuda_version} userspace)",
@@ -358,13 +360,15 @@ def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[Che
         detail = f"{gpu.name}, {cc}, {_mib(gpu.memory_total_bytes)} total, {_mib(gpu.memory_free_bytes)} free"
         if problems:
             detail += " — " + "; ".join(problems)
-        checks.append(Check(name=f"gpu {gpu.index}", status=status, detail=detail, fix="; ".join(fixes) or None))
+        checks.append(
+            DoctorFinding(name=f"gpu {gpu.index}", status=status, detail=detail, fix="; ".join(fixes) or None)
+        )
     return checks
 
 
-def check_ram(f: HostFacts, need: Requirements) -> Check:
+def check_ram(f: HostFacts, need: Requirements) -> DoctorFinding:
     if f.memory is None:
-        return Check(
+        return DoctorFinding(
             name="host memory",
             status="fail",
             detail=f"cannot read: {f.memory_error}",
@@ -380,46 +384,46 @@ def check_ram(f: HostFacts, need: Requirements) -> Check:
         f"{_gib(m.mem_total_bytes)} RAM, {limit}, usable {_gib(m.effective_limit_bytes)}; needs {_gib(need.ram_bytes)}"
     )
     if m.effective_limit_bytes < need.ram_bytes:
-        return Check(
+        return DoctorFinding(
             name="host memory",
             status="fail",
             detail=detail,
             fix="raise the container/cgroup memory limit, or lower CPU_OFFLOAD_GB",
         )
     if m.mem_available_bytes is not None and m.mem_available_bytes < need.ram_bytes:
-        return Check(
+        return DoctorFinding(
             name="host memory",
             status="warn",
             detail=detail + f"; only {_gib(m.mem_available_bytes)} available now",
             fix="stop other memory users before starting the server (no swap: host OOM kills it)",
         )
-    return Check(name="host memory", status="ok", detail=detail)
+    return DoctorFinding(name="host memory", status="ok", detail=detail)
 
 
-def check_memlock(f: HostFacts, need: Requirements) -> Check:
+def check_memlock(f: HostFacts, need: Requirements) -> DoctorFinding:
     if not f.memlock_known:
-        return Check(
+        return DoctorFinding(
             name="memlock",
             status="warn" if need.pinned_memory else "skip",
             detail="cannot read /proc/self/limits",
         )
     if f.memlock_soft_bytes is None:
-        return Check(name="memlock", status="ok", detail="unlimited")
+        return DoctorFinding(name="memlock", status="ok", detail="unlimited")
     value = f"{f.memlock_soft_bytes / MIB:,.1f} MiB"
     if need.pinned_memory:
-        return Check(
+        return DoctorFinding(
             name="memlock",
             status="fail",
             detail=f"{value}; pinned host expert pools need unlimited",
             fix="ulimit -l unlimited (Docker: --ulimit memlock=-1; systemd: LimitMEMLOCK=infinity)",
         )
-    return Check(name="memlock", status="ok", detail=f"{value}; this profile pins no host memory")
+    return DoctorFinding(name="memlock", status="ok", detail=f"{value}; this profile pins no host memory")
 
 
-def check_shm(f: HostFacts) -> list[Check]:
+def check_shm(f: HostFacts) -> list[DoctorFinding]:
     if f.shm_total_bytes is None:
         return [
-            Check(
+            DoctorFinding(
                 name="/dev/shm",
                 status="warn",
                 detail="not mounted or not readable",
@@ -429,7 +433,7 @@ def check_shm(f: HostFacts) -> list[Check]:
     checks = []
     small = f.shm_total_bytes < 1 * GIB
     checks.append(
-        Check(
+        DoctorFinding(
             name="/dev/shm",
             status="warn" if small else "ok",
             detail=f"{_gib(f.shm_total_bytes)} ({_gib(f.shm_free_bytes or 0)} free)",
@@ -442,7 +446,7 @@ def check_shm(f: HostFacts) -> list[Check]:
         names = ", ".join(s.name for s in stale[:5]) + (" ..." if len(stale) > 5 else "")
         total = sum(s.size_bytes for s in stale)
         checks.append(
-            Check(
+            DoctorFinding(
                 name="stale shm segments",
                 status="warn",
                 detail=f"{len(stale)} left by a stopped server ({_size(total)}): {names}",
@@ -451,22 +455,22 @@ def check_shm(f: HostFacts) -> list[Check]:
         )
     elif unknown:
         checks.append(
-            Check(
+            DoctorFinding(
                 name="stale shm segments",
                 status="ok",
                 detail=f"{len(unknown)} segment(s) of other users' processes; not checked",
             )
         )
     else:
-        checks.append(Check(name="stale shm segments", status="ok", detail="none"))
+        checks.append(DoctorFinding(name="stale shm segments", status="ok", detail="none"))
     return checks
 
 
-def check_thp(f: HostFacts) -> Check:
+def check_thp(f: HostFacts) -> DoctorFinding:
     if f.thp is None:
-        return Check(name="transparent hugepages", status="skip", detail="not reported by this kernel")
+        return DoctorFinding(name="transparent hugepages", status="skip", detail="not reported by this kernel")
     bad = f.thp == "never"
-    return Check(
+    return DoctorFinding(
         name="transparent hugepages",
         status="warn" if bad else "ok",
         detail=f.thp,
@@ -474,25 +478,25 @@ def check_thp(f: HostFacts) -> Check:
     )
 
 
-def check_cpu_flags(f: HostFacts) -> Check:
+def check_cpu_flags(f: HostFacts) -> DoctorFinding:
     missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in f.cpu_flags]
     have = ", ".join(flag.upper() for flag in REQUIRED_CPU_FLAGS if flag in f.cpu_flags)
     extra = " (AVX-512 too)" if "avx512f" in f.cpu_flags else ""
     if missing:
-        return Check(
+        return DoctorFinding(
             name="cpu features",
             status="fail",
             detail=f"missing {', '.join(m.upper() for m in missing)}",
             fix="the CPU expert kernels and vLLM's CPU backend need AVX2, FMA and F16C (x86-64-v3)",
         )
-    return Check(name="cpu features", status="ok", detail=have + extra)
+    return DoctorFinding(name="cpu features", status="ok", detail=have + extra)
 
 
-def check_kernel(f: HostFacts) -> Check:
+def check_kernel(f: HostFacts) -> DoctorFinding:
     if f.kernel_release is None:
-        return Check(name="kernel", status="warn", detail="cannot read /proc/sys/kernel/osrelease")
+        return DoctorFinding(name="kernel", status="warn", detail="cannot read /proc/sys/kernel/osrelease")
     ok = _version_tuple(f.kernel_release)[:2] >= MIN_KERNEL
-    return Check(
+    return DoctorFinding(
         name="kernel",
         status="ok" if ok else "fail",
         detail=f"{f.kernel_release} (need >= {MIN_KERNEL[0]}.{MIN_KERNEL[1]})",
@@ -500,12 +504,12 @@ def check_kernel(f: HostFacts) -> Check:
     )
 
 
-def check_port(f: TargetFacts) -> Check:
+def check_port(f: TargetFacts) -> DoctorFinding:
     if f.port is None:
-        return Check(name="port", status="skip", detail="no port given")
+        return DoctorFinding(name="port", status="skip", detail="no port given")
     if f.port_error is None:
-        return Check(name="port", status="ok", detail=f"{f.address}:{f.port} is free")
-    return Check(
+        return DoctorFinding(name="port", status="ok", detail=f"{f.address}:{f.port} is free")
+    return DoctorFinding(
         name="port",
         status="fail",
         detail=f"{f.address}:{f.port} {f.port_error}",
@@ -513,13 +517,13 @@ def check_port(f: TargetFacts) -> Check:
     )
 
 
-def check_model(f: TargetFacts) -> list[Check]:
+def check_model(f: TargetFacts) -> list[DoctorFinding]:
     if f.model_dir is None:
-        return [Check(name="model", status="skip", detail="no model directory given")]
+        return [DoctorFinding(name="model", status="skip", detail="no model directory given")]
     if f.model_missing is not None:
         # Nothing in it to verify or index: one failure that says so, not a verdict on a checkpoint.
         return [
-            Check(
+            DoctorFinding(
                 name="model directory",
                 status="fail",
                 detail=f"--model-dir {f.model_dir} {f.model_missing}",
@@ -527,7 +531,7 @@ def check_model(f: TargetFacts) -> list[Check]:
             )
         ]
     checks = [
-        Check(
+        DoctorFinding(
             name="model verified",
             status="ok" if f.model_verified else "fail",
             detail=f"{f.model_dir}: {f.model_detail}",
@@ -538,10 +542,10 @@ def check_model(f: TargetFacts) -> list[Check]:
         )
     ]
     if f.index_ok is None:
-        checks.append(Check(name="model index", status="ok", detail=f.index_detail or "no index"))
+        checks.append(DoctorFinding(name="model index", status="ok", detail=f.index_detail or "no index"))
     else:
         checks.append(
-            Check(
+            DoctorFinding(
                 name="model index",
                 status="ok" if f.index_ok else "fail",
                 detail=f.index_detail or "",
@@ -554,27 +558,27 @@ def check_model(f: TargetFacts) -> list[Check]:
     return checks
 
 
-def check_engine_libraries(f: HostFacts) -> Check:
+def check_engine_libraries(f: HostFacts) -> DoctorFinding:
     if f.engine_libraries_missing is None:
-        return Check(name=ENGINE_LIBRARIES_CHECK, status="skip", detail="not checked")
+        return DoctorFinding(name=ENGINE_LIBRARIES_CHECK, status="skip", detail="not checked")
     if not f.engine_libraries_missing:
-        return Check(
+        return DoctorFinding(
             name=ENGINE_LIBRARIES_CHECK, status="ok", detail="every shared library vLLM and torch link is found"
         )
     detail, fix = describe_missing(f.engine_libraries_missing)
-    return Check(name=ENGINE_LIBRARIES_CHECK, status="fail", detail=detail, fix=fix)
+    return DoctorFinding(name=ENGINE_LIBRARIES_CHECK, status="fail", detail=detail, fix=fix)
 
 
-def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_version: str) -> list[Check]:
+def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_version: str) -> list[DoctorFinding]:
     """TabbyAPI's source tree, ExLlamaV3 at the pinned version with its extension prebuilt, and GPUs of
     compute capability 8.0 or newer."""
-    checks: list[Check] = []
+    checks: list[DoctorFinding] = []
     if facts.tabby_main:
-        checks.append(Check(name="tabbyapi", status="ok", detail=f"{facts.tabby_dir} (${TABBY_DIR_ENV})"))
+        checks.append(DoctorFinding(name="tabbyapi", status="ok", detail=f"{facts.tabby_dir} (${TABBY_DIR_ENV})"))
     else:
         where = f"{facts.tabby_dir} has no main.py and common/config_models.py" if facts.tabby_dir else "not set"
         checks.append(
-            Check(
+            DoctorFinding(
                 name="tabbyapi",
                 status="fail",
                 detail=f"${TABBY_DIR_ENV}: {where}",
@@ -585,7 +589,7 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
     version = facts.exllamav3_version
     if version is None:
         checks.append(
-            Check(
+            DoctorFinding(
                 name="exllamav3",
                 status="fail",
                 detail="not installed",
@@ -594,7 +598,7 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
         )
     elif version.split("+")[0] != pinned_version:
         checks.append(
-            Check(
+            DoctorFinding(
                 name="exllamav3",
                 status="fail",
                 detail=f"{version}, pinned {pinned_version}",
@@ -602,12 +606,12 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
             )
         )
     else:
-        checks.append(Check(name="exllamav3", status="ok", detail=version))
+        checks.append(DoctorFinding(name="exllamav3", status="ok", detail=version))
     if facts.extension:
-        checks.append(Check(name="exllamav3 extension", status="ok", detail=f"prebuilt: {facts.extension}"))
+        checks.append(DoctorFinding(name="exllamav3 extension", status="ok", detail=f"prebuilt: {facts.extension}"))
     else:
         checks.append(
-            Check(
+            DoctorFinding(
                 name="exllamav3 extension",
                 status="fail",
                 detail=f"no prebuilt {EXTENSION_MODULE}: ExLlamaV3 would compile its CUDA sources at start",
@@ -620,7 +624,7 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
             f"GPU {gpu.index} {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]})" for gpu in old
         )
         checks.append(
-            Check(
+            DoctorFinding(
                 name="compute capability",
                 status="fail",
                 detail=f"{names}: ExLlamaV3 needs 8.0 or newer",
@@ -629,7 +633,7 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
         )
     elif gpus:
         caps = sorted({f"{g.compute_capability[0]}.{g.compute_capability[1]}" for g in gpus})
-        checks.append(Check(name="compute capability", status="ok", detail=", ".join(caps)))
+        checks.append(DoctorFinding(name="compute capability", status="ok", detail=", ".join(caps)))
     return checks
 
 
@@ -637,7 +641,7 @@ def run_checks(
     facts: DoctorFacts, need: Requirements, limits: HostLimits, *, profile: str | None = None
 ) -> DoctorReport:
     host = facts.host
-    checks: list[Check] = [check_platform(host)]
+    checks: list[DoctorFinding] = [check_platform(host)]
     if limits.engine != need.engine:
         raise ValueError(f"the limits are the {limits.engine} engine's; the profile runs {need.engine}")
     if need.engine == "exllamav3":
@@ -685,15 +689,15 @@ def read_container_facts(root: Path = Path("/"), which: Callable[[str], str | No
     return ContainerFacts(runtimes=[name for name in CONTAINER_RUNTIMES if find(name)], cdi_specs=specs)
 
 
-def check_containers(facts: ContainerFacts) -> list[Check]:
+def check_containers(facts: ContainerFacts) -> list[DoctorFinding]:
     """The vLLM engine runs in the vendor image: a runtime to run it, and the GPUs handed over through CDI."""
-    runtime = Check(
+    runtime = DoctorFinding(
         name="container runtime",
         status="ok" if facts.runtimes else "fail",
         detail=", ".join(facts.runtimes) if facts.runtimes else "neither podman nor docker is on PATH",
         fix=None if facts.runtimes else "install podman or docker (NixOS: services.glm53 does it for the vllm engine)",
     )
-    cdi = Check(
+    cdi = DoctorFinding(
         name="nvidia cdi",
         status="ok" if facts.cdi_specs else "fail",
         detail=", ".join(facts.cdi_specs) if facts.cdi_specs else "no CDI specification names nvidia.com/gpu",
@@ -716,7 +720,7 @@ def audit_host(host: HostFacts, limits: HostLimits, containers: ContainerFacts |
         ram_bytes=int(limits.system_memory_bytes * SYSTEM_MEMORY_TOLERANCE),
     )
     checks = [
-        Check(
+        DoctorFinding(
             name="engine",
             status="ok",
             detail=f"{limits.engine}: CUDA {limits.cuda_version}, driver >= {limits.driver_min}, "
@@ -728,7 +732,7 @@ def audit_host(host: HostFacts, limits: HostLimits, containers: ContainerFacts |
         names = [gpu.name for gpu in host.gpus]
         same = all(limits.gpu.removeprefix("NVIDIA ") in name for name in names)
         checks.append(
-            Check(
+            DoctorFinding(
                 name="gpu model",
                 status="ok" if same else "fail",
                 detail=f"{', '.join(sorted(set(names)))}; validated {limits.gpu}",
@@ -736,12 +740,12 @@ def audit_host(host: HostFacts, limits: HostLimits, containers: ContainerFacts |
             )
         )
     if host.memory is None:
-        checks.append(Check(name="system memory", status="fail", detail=f"cannot read: {host.memory_error}"))
+        checks.append(DoctorFinding(name="system memory", status="fail", detail=f"cannot read: {host.memory_error}"))
     else:
         total = host.memory.mem_total_bytes
         enough = total >= need.ram_bytes
         checks.append(
-            Check(
+            DoctorFinding(
                 name="system memory",
                 status="ok" if enough else "fail",
                 detail=f"{_gib(total)}, validated {_gib(limits.system_memory_bytes)}",

@@ -294,15 +294,15 @@ _LOCK_HINT = "run inside the glm53 repository, pass --lock FILE, or set GLM53_RE
 def load_repro_lock(path: Path | None = None) -> ReproLock:
     path = path or find_repro_lock(Path.cwd())
     if path is None:
-        raise BadInput(f"{LOCK_NAME} not found", hint=_LOCK_HINT)
+        raise BadInput(f"{LOCK_NAME} not found", fix=_LOCK_HINT)
     path = Path(path)
     if not path.exists():
-        raise BadInput(f"repro lock: {path} not found", hint=_LOCK_HINT)
+        raise BadInput(f"repro lock: {path} not found", fix=_LOCK_HINT)
     raw = read_json(path, what="repro lock")
     try:
         return ReproLock.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, str(path), hint="fix that field of the lock") from exc
+        raise invalid_document(exc, str(path), fix="fix that field of the lock") from exc
 
 
 def repro_lock_sha256(path: Path | None = None) -> str | None:

@@ -578,21 +578,21 @@ def _parse_default_word(rest: str, *, where: str) -> str:
         if ch in "$`":
             raise BadInput(
                 f"{where}: expansions ($, `) are not supported in profile values",
-                hint="write the value literally, or escape the character with a backslash",
+                fix="write the value literally, or escape the character with a backslash",
             )
         if ch == "}":
             tail = rest[i + 1 :].strip()
             if not tail.startswith('"') or (tail[1:].strip() and not tail[1:].strip().startswith("#")):
                 raise BadInput(
                     f'{where}: expected `"` after the closing brace',
-                    hint='write lines as : "${KEY:=value}" (escape } inside the value as \\})',
+                    fix='write lines as : "${KEY:=value}" (escape } inside the value as \\})',
                 )
             return "".join(out)
         if ch == '"':
-            raise BadInput(f"{where}: unescaped double quote inside the value", hint='escape it as \\"')
+            raise BadInput(f"{where}: unescaped double quote inside the value", fix='escape it as \\"')
         out.append(ch)
         i += 1
-    raise BadInput(f"{where}: no closing brace", hint='write lines as : "${KEY:=value}"')
+    raise BadInput(f"{where}: no closing brace", fix='write lines as : "${KEY:=value}"')
 
 
 def _parse_assign_value(rest: str, *, where: str) -> str:
@@ -607,7 +607,7 @@ def _parse_assign_value(rest: str, *, where: str) -> str:
     if any(ch in value for ch in " \t'\""):
         raise BadInput(
             f"{where}: a value with spaces or quotes must be quoted as a whole",
-            hint="write KEY='value with spaces'",
+            fix="write KEY='value with spaces'",
         )
     return value
 
@@ -622,7 +622,7 @@ def parse_env_text(text: str, *, source: str) -> tuple[list[_Line], list[str]]:
     if text.startswith("\ufeff"):
         raise BadInput(
             f"{source} starts with a byte order mark (BOM), which a shell reads as part of the first key",
-            hint="save the file as UTF-8 without BOM",
+            fix="save the file as UTF-8 without BOM",
         )
     # Lines end at \n (and \r\n) only: str.splitlines() would also split at \x1c, \x85 or \u2028 inside a value.
     for lineno, raw in enumerate(text.split("\n"), start=1):
@@ -632,7 +632,7 @@ def parse_env_text(text: str, *, source: str) -> tuple[list[_Line], list[str]]:
         if bad is not None:
             raise BadInput(
                 f"{where}: holds the control or invisible character {printable(bad)} (U+{ord(bad):04X})",
-                hint="values are plain text: remove it (a terminal or a shell would act on it)",
+                fix="values are plain text: remove it (a terminal or a shell would act on it)",
             )
         line = raw.strip()
         if not line:
@@ -650,15 +650,15 @@ def parse_env_text(text: str, *, source: str) -> tuple[list[_Line], list[str]]:
             continue
         raise BadInput(
             f"{where}: cannot read this line: {line[:80]!r}",
-            hint='use : "${KEY:=value}" or KEY=value lines, and # for comments',
+            fix='use : "${KEY:=value}" or KEY=value lines, and # for comments',
         )
     return lines, comments
 
 
 def unknown_key_error(key: str, *, where: str) -> BadInput:
     close = difflib.get_close_matches(key.upper(), list(KEYS), n=4, cutoff=0.6)
-    hint = f"did you mean {', '.join(close)}?" if close else "docs/serve.md lists the known keys"
-    return BadInput(f"{where}: unknown key {key!r}", hint=hint)
+    fix = f"did you mean {', '.join(close)}?" if close else "docs/serve.md lists the known keys"
+    return BadInput(f"{where}: unknown key {key!r}", fix=fix)
 
 
 def _check_value(spec: KeySpec, value: str, *, where: str) -> None:
@@ -697,7 +697,7 @@ def _check_value(spec: KeySpec, value: str, *, where: str) -> None:
         low, high = (f"{b:g}" if spec.kind == "float" else f"{int(b):,}" for b in spec.bounds)
         bad = f"between {low} and {high}"
     if bad:
-        raise BadInput(f"{where}: {spec.key}={value[:60]!r} is not {bad}", hint=f"{spec.key}: {spec.doc}")
+        raise BadInput(f"{where}: {spec.key}={value[:60]!r} is not {bad}", fix=f"{spec.key}: {spec.doc}")
 
 
 _NUMBER = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
@@ -720,7 +720,7 @@ def _check_engine(settings: Mapping[str, Setting], name: str) -> None:
             readers = " and ".join(spec.engines)
             raise BadInput(
                 f"{setting.source}: {setting.key} is read by {readers} only, and profile {name} runs on {engine}",
-                hint=f"remove {setting.key}, or choose a {readers} profile (glm53 profile list)",
+                fix=f"remove {setting.key}, or choose a {readers} profile (glm53 profile list)",
             )
 
 
@@ -732,8 +732,8 @@ def _profile_layers(name: str, seen: tuple[str, ...] = ()) -> tuple[str, list[Se
     """The settings of a packaged profile, its `extends` base first; and its description."""
     if name not in PROFILE_NAMES:
         close = difflib.get_close_matches(name, PROFILE_NAMES, n=3, cutoff=0.4)
-        hint = f"did you mean {', '.join(close)}?" if close else f"known profiles: {', '.join(PROFILE_NAMES)}"
-        raise BadInput(f"--profile: unknown profile {name!r}", hint=hint)
+        fix = f"did you mean {', '.join(close)}?" if close else f"known profiles: {', '.join(PROFILE_NAMES)}"
+        raise BadInput(f"--profile: unknown profile {name!r}", fix=fix)
     if name in seen:
         raise BadInput(f"profile {name} extends itself through {' -> '.join(seen)}")
     source = f"{name}.env"
@@ -758,7 +758,7 @@ def parse_set_options(items: Sequence[str]) -> list[tuple[str, str]]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise BadInput(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set MAX_MODEL_LEN=131072")
+            raise BadInput(f"--set {item!r}: expected KEY=VALUE", fix="e.g. --set MAX_MODEL_LEN=131072")
         pairs.append((key.strip(), value))
     return pairs
 
@@ -813,7 +813,7 @@ def load_profile(
     if chosen is not None and chosen.origin != "profile" and (chosen.value or "vllm") != engine:
         raise BadInput(
             f"{chosen.source}: ENGINE={chosen.value} differs from profile {name}'s engine ({engine})",
-            hint="the engine belongs to the profile: choose a profile of that engine (glm53 profile list)",
+            fix="the engine belongs to the profile: choose a profile of that engine (glm53 profile list)",
         )
     _check_engine(ordered, name)
     return Profile(name=name, description=description, settings=ordered)

@@ -42,16 +42,16 @@ class PinsInForce(BaseModel):
 # -- repository check ---------------------------------------------------------------------------
 
 
-class Finding(BaseModel):
+class RepoFinding(BaseModel):
     check: str
     ok: bool
     detail: str
     fix: str | None = None
 
 
-class RepoCheck(BaseModel):
+class RepoReport(BaseModel):
     root: str
-    findings: list[Finding]
+    findings: list[RepoFinding]
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -68,10 +68,10 @@ def _tracked_files(root: Path) -> list[Path]:
         ["git", "-C", str(root), "ls-files", "-z"],
         env=environment(LC_ALL="C", GIT_CONFIG_NOSYSTEM="1"),
         what="listing the tracked files",
-        missing_hint="install git",
+        missing_fix="install git",
     )
     if listed.returncode != 0:
-        raise BadInput(f"{root} is not a git checkout", hint="run inside the glm53 repository")
+        raise BadInput(f"{root} is not a git checkout", fix="run inside the glm53 repository")
     return [root / os.fsdecode(name) for name in listed.stdout.split(b"\0") if name]
 
 
@@ -81,14 +81,14 @@ def _flake_nixpkgs(root: Path) -> dict[str, object]:
     if not path.exists():
         raise BadInput(
             f"flake.lock: {path} not found",
-            hint="pass the repository root (where flake.nix is): glm53 repro check REPO",
+            fix="pass the repository root (where flake.nix is): glm53 repro check REPO",
         )
     node: object = read_json(path, what="flake.lock")
     where = "the top level"
     for key in ("nodes", "nixpkgs", "locked", None):
         if not isinstance(node, dict):
             raise BadInput(
-                f"flake.lock {path}: {where} is not a JSON object", hint="regenerate it with `nix flake lock`"
+                f"flake.lock {path}: {where} is not a JSON object", fix="regenerate it with `nix flake lock`"
             )
         if key is None:
             return node
@@ -104,11 +104,11 @@ def _text(path: Path, what: str) -> str | None:
     return read_bytes_bounded(path, what=what).decode("utf-8", errors="replace")
 
 
-def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoCheck:
-    findings: list[Finding] = []
+def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoReport:
+    findings: list[RepoFinding] = []
 
     def add(check: str, ok: bool, detail: str, fix: str | None = None) -> None:
-        findings.append(Finding(check=check, ok=ok, detail=detail, fix=None if ok else fix))
+        findings.append(RepoFinding(check=check, ok=ok, detail=detail, fix=None if ok else fix))
 
     node = _flake_nixpkgs(root)
     pin = lock.nix.nixpkgs
@@ -184,10 +184,10 @@ def check_repo(root: Path, lock: ReproLock, *, release: bool = False) -> RepoChe
             "all pins set" if not missing else "unpinned: " + ", ".join(missing),
             "fill the full commit and SRI hash of each",
         )
-    return RepoCheck(root=str(root), findings=findings)
+    return RepoReport(root=str(root), findings=findings)
 
 
-def _profile_findings(lock: ReproLock) -> list[Finding]:
+def _profile_findings(lock: ReproLock) -> list[RepoFinding]:
     """The default profile's values must be the lock's runtime pins."""
     profile = load_profile(lock.runtime.default_profile, environ={})
     expected = {
@@ -200,7 +200,7 @@ def _profile_findings(lock: ReproLock) -> list[Finding]:
     for key, want in expected.items():
         have = profile.value(key)
         findings.append(
-            Finding(
+            RepoFinding(
                 check=f"profile {key}",
                 ok=have == want,
                 detail=f"{lock.runtime.default_profile}: {have} vs lock {want}",
@@ -229,8 +229,8 @@ def _nix_env() -> dict[str, str]:
     return env
 
 
-def _nix(nix: str, args: list[str], *, what: str, missing_hint: str) -> subprocess.CompletedProcess[str]:
-    done = run([nix, *args], env=_nix_env(), what=what, missing_hint=missing_hint)
+def _nix(nix: str, args: list[str], *, what: str, missing_fix: str) -> subprocess.CompletedProcess[str]:
+    done = run([nix, *args], env=_nix_env(), what=what, missing_fix=missing_fix)
     out, err = (stream.decode("utf-8", errors="replace") for stream in (done.stdout, done.stderr))
     return subprocess.CompletedProcess(done.args, done.returncode, out, mask_secrets(err))
 
@@ -239,7 +239,7 @@ def positional_installables(targets: list[str], what: str) -> list[str]:
     """`--` before the installables: data, never an option (a flake output named `--option=...`)."""
     for target in targets:
         if target.startswith("-"):
-            raise BadInput(f"{what} {quoted(target)} starts with '-'", hint="name a flake output such as .#glm53")
+            raise BadInput(f"{what} {quoted(target)} starts with '-'", fix="name a flake output such as .#glm53")
     return ["--", *targets] if targets else []
 
 
@@ -253,18 +253,18 @@ def _explain_nix_setup(stderr: str) -> None:
         group = missing.group(1)
         raise Unavailable(
             f"nix cannot build: its build-users-group '{group}' does not exist on this host",
-            hint=f"as root without a nix daemon, build as root: NIX_CONFIG='build-users-group =' glm53 repro "
+            fix=f"as root without a nix daemon, build as root: NIX_CONFIG='build-users-group =' glm53 repro "
             f"audit-build ...; or create the group and its build users (Debian: apt-get install "
             f"nix-setup-systemd, or groupadd -r {group})",
         )
 
 
-def nix_build_outputs(nix: str, targets: list[str], label: str, *, missing_hint: str) -> list[dict[str, str]]:
+def nix_build_outputs(nix: str, targets: list[str], label: str, *, missing_fix: str) -> list[dict[str, str]]:
     """`nix build --no-link --json TARGETS` once: each built derivation's outputs (name -> store path). Exit 3
-    without nix or with a host set-up problem (`missing_hint` says what to do without nix), 2 when the build
+    without nix or with a host set-up problem (`missing_fix` says what to do without nix), 2 when the build
     fails or prints what nix build --json never prints."""
     # --json rather than --print-out-paths: the latter is newer than the Nix 2.8 some hosts still run.
-    built = _nix(nix, ["build", "--no-link", "--json", *targets], what=f"building {label}", missing_hint=missing_hint)
+    built = _nix(nix, ["build", "--no-link", "--json", *targets], what=f"building {label}", missing_fix=missing_fix)
     if built.returncode != 0:
         _explain_nix_setup(built.stderr)
         raise BadInput(f"nix could not build {label}: {built.stderr.strip()[-800:]}")
@@ -280,7 +280,7 @@ def nix_build_outputs(nix: str, targets: list[str], label: str, *, missing_hint:
 def nix_rebuild(nix: str, targets: list[str]) -> subprocess.CompletedProcess[str]:
     """`nix build --rebuild`: build again and compare with the store's copy bit for bit (non-zero when they differ)."""
     return _nix(
-        nix, ["build", "--rebuild", "--no-link", "--json", *targets], what="rebuilding", missing_hint="install Nix"
+        nix, ["build", "--rebuild", "--no-link", "--json", *targets], what="rebuilding", missing_fix="install Nix"
     )
 
 
@@ -288,12 +288,12 @@ def audit_build(installable: str, *, nix: str = "nix", extra_args: list[str] | N
     """Build once, then rebuild and compare bit for bit (`nix build --rebuild`)."""
     targets = [*(extra_args or []), *positional_installables([installable] if installable else [], "the installable")]
     label = installable or " ".join(extra_args or [])
-    outputs = nix_build_outputs(nix, targets, label, missing_hint="install Nix (2.8 or newer)")
+    outputs = nix_build_outputs(nix, targets, label, missing_fix="install Nix (2.8 or newer)")
     out_paths = [path for entry in outputs for path in entry.values()]
     second = nix_rebuild(nix, targets)
     hashes = {}
     for path in out_paths:
-        info = _nix(nix, ["path-info", "--json", "--", path], what="describing an output", missing_hint="install Nix")
+        info = _nix(nix, ["path-info", "--json", "--", path], what="describing an output", missing_fix="install Nix")
         if info.returncode == 0:
             try:
                 parsed = json.loads(info.stdout)

@@ -189,7 +189,7 @@ def compare_image_tarballs(a: Path, b: Path) -> ImageAudit:
         if problem is not None:
             raise BadInput(
                 f"image {label}: {path} {problem}",
-                hint="pass the tarballs `nix build .#image-exl3` streams (or the vLLM image's)",
+                fix="pass the tarballs `nix build .#image-exl3` streams (or the vLLM image's)",
             )
     sha_a, sha_b = file_sha256(a), file_sha256(b)
     if sha_a == sha_b:
@@ -256,7 +256,7 @@ def stream_image_twice(installable: str, out_dir: Path, *, nix: str = "nix") -> 
     `--rebuild`, and run the stream script twice into out_dir/image-{a,b}.tar."""
     targets = positional_installables([installable], "the image output")
     outputs = nix_build_outputs(
-        nix, targets, installable, missing_hint="install Nix, or pass two tarballs with --tarball"
+        nix, targets, installable, missing_fix="install Nix, or pass two tarballs with --tarball"
     )
     try:
         out = outputs[0]["out"]
@@ -266,7 +266,7 @@ def stream_image_twice(installable: str, out_dir: Path, *, nix: str = "nix") -> 
     if rebuilt.returncode != 0:
         raise BadInput(
             f"a second build of {installable} differs or failed: {rebuilt.stderr.strip()[-400:]}",
-            hint=f"glm53 repro audit-build {installable}",
+            fix=f"glm53 repro audit-build {installable}",
         )
     paths = []
     if not Path(out).is_absolute():

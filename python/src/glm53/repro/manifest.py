@@ -276,7 +276,7 @@ def build_manifest(
     """This host's manifest. A fact that cannot be read is None (with its error), never an exception; a profile
     that does not exist is the caller's mistake (BadInput), not a fact of the host."""
     if profile is not None and profile not in PROFILE_NAMES:
-        raise BadInput(f"--profile: unknown profile {profile!r}", hint=f"known profiles: {', '.join(PROFILE_NAMES)}")
+        raise BadInput(f"--profile: unknown profile {profile!r}", fix=f"known profiles: {', '.join(PROFILE_NAMES)}")
     try:
         found = lock_path or find_repro_lock(Path.cwd())
         lock = LockSection(path=str(found) if found else None, sha256=repro_lock_sha256(found) if found else None)
@@ -308,12 +308,12 @@ def load_manifest(path: Path) -> Manifest:
     if isinstance(raw, dict) and raw.get("schema_version") != MANIFEST_SCHEMA:
         raise BadInput(
             f"host manifest {path}: schema_version {raw.get('schema_version')!r}, this glm53 reads {MANIFEST_SCHEMA}",
-            hint="write it again with `glm53 repro manifest`",
+            fix="write it again with `glm53 repro manifest`",
         )
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, f"host manifest {path}", hint="write it again with `glm53 repro manifest`") from exc
+        raise invalid_document(exc, f"host manifest {path}", fix="write it again with `glm53 repro manifest`") from exc
 
 
 # -- differences ------------------------------------------------------------------------------------

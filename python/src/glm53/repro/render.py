@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.recipe.pins import ReproLock
-from glm53.repro import BuildAudit, Finding
+from glm53.repro import BuildAudit, RepoFinding
 from glm53.repro.image import ImageAudit
 from glm53.repro.manifest import ManifestDiff
 
@@ -62,7 +62,7 @@ def render_pins(lock: ReproLock, source: str, sha256: str | None, console: Conso
         console.print(pending)
 
 
-def render_findings(title: str, findings: Sequence[Finding], console: Console) -> None:
+def render_findings(title: str, findings: Sequence[RepoFinding], console: Console) -> None:
     table = Table(title=title)
     for column in ("check", "status", "detail", "fix"):
         table.add_column(column)

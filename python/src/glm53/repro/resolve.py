@@ -127,7 +127,7 @@ def pending_pins(lock: ReproLock, *, update: tuple[str, ...] = ()) -> list[Pendi
     if unknown:
         raise BadInput(
             f"cannot update {', '.join(unknown)}: only {', '.join(HEAD_PINS)} follows an upstream branch",
-            hint="the other pins are fixed commits; edit them in the lock",
+            fix="the other pins are fixed commits; edit them in the lock",
         )
     pending = []
     for name in SOURCE_PINS:
@@ -137,7 +137,7 @@ def pending_pins(lock: ReproLock, *, update: tuple[str, ...] = ()) -> list[Pendi
         short = pin.short_rev.lower()
         if not _SHORT.fullmatch(short):
             raise BadInput(
-                f"engine.{name}.short_rev {pin.short_rev!r} is not 4 to 40 hex digits", hint="fix it in the lock"
+                f"engine.{name}.short_rev {pin.short_rev!r} is not 4 to 40 hex digits", fix="fix it in the lock"
             )
         if pin.rev is not None and not pin.rev.startswith(short):
             raise BadInput(f"engine.{name}: rev {pin.rev} does not start with short_rev {short}")
@@ -178,7 +178,7 @@ def image_hash(image: PendingImage, *, timeout: float = DEFAULT_TIMEOUT_S) -> st
     if not (Path(image.flake) / "flake.nix").is_file():
         raise BadInput(
             f"engine.vllm.image.hash: {image.flake} has no flake.nix to pull the image with",
-            hint="resolve the lock of the glm53 repository, inside it",
+            fix="resolve the lock of the glm53 repository, inside it",
         )
     argv = [
         "nix",
@@ -196,12 +196,12 @@ def image_hash(image: PendingImage, *, timeout: float = DEFAULT_TIMEOUT_S) -> st
             env=environment((*BASE_ENV, *NETWORK_ENV, *own)),
             what="engine.vllm.image.hash",
             timeout=timeout,
-            missing_hint="the image's hash is what Nix computes: install Nix",
+            missing_fix="the image's hash is what Nix computes: install Nix",
         )
     except TimedOut as exc:
         raise Unavailable(
             f"engine.vllm.image.hash: pulling {image.reference} took longer than {timeout:.0f} s",
-            hint="run again with a longer --timeout (the image is several GB); nothing was written",
+            fix="run again with a longer --timeout (the image is several GB); nothing was written",
         ) from exc
     found = _GOT.search((done.stderr or b"").decode("utf-8", errors="replace"))
     if found is not None:
@@ -210,7 +210,7 @@ def image_hash(image: PendingImage, *, timeout: float = DEFAULT_TIMEOUT_S) -> st
     raise Unavailable(
         f"engine.vllm.image.hash: nix could not pull {image.reference}: "
         + (lines[-1] if lines else f"exit {done.returncode}"),
-        hint=f"run again where the registry is reachable; it pulls {image.digest} (nothing was written)",
+        fix=f"run again where the registry is reachable; it pulls {image.digest} (nothing was written)",
     )
 
 
@@ -237,7 +237,7 @@ def _local_git(
     args: list[str], *, what: str, stdout: int | IO[bytes] | None = subprocess.PIPE
 ) -> CompletedProcess[bytes]:
     """git on a repository of our own temp dir (init, rev-parse, cat-file, log, archive)."""
-    return run(["git", *args], env=_git_env(), what=what, stdout=stdout, missing_hint="install git")
+    return run(["git", *args], env=_git_env(), what=what, stdout=stdout, missing_fix="install git")
 
 
 def _git(args: list[str], *, what: str, pin: PendingPin, timeout: float) -> CompletedProcess[bytes]:
@@ -249,12 +249,12 @@ def _git(args: list[str], *, what: str, pin: PendingPin, timeout: float) -> Comp
             env=_git_env(),
             what=f"engine.{pin.name}: {what}",
             timeout=timeout,
-            missing_hint="install git",
+            missing_fix="install git",
         )
     except TimedOut as exc:
         raise Unavailable(
             f"engine.{pin.name}: {what} from {shown(pin.url)} took longer than {timeout:.0f} s",
-            hint=f"check the network and run again; it would fetch {_wanted(pin)} from {shown(pin.url)}",
+            fix=f"check the network and run again; it would fetch {_wanted(pin)} from {shown(pin.url)}",
         ) from exc
 
 
@@ -266,7 +266,7 @@ def _fail(done: CompletedProcess[bytes], *, what: str, pin: PendingPin) -> None:
     if any(marker in message.lower() for marker in _NETWORK_ERRORS):
         raise Unavailable(
             f"engine.{pin.name}: {what} from {shown(pin.url)} failed: {last}",
-            hint=f"run again where {shown(pin.url)} is reachable; it would fetch {_wanted(pin)} (nothing was written)",
+            fix=f"run again where {shown(pin.url)} is reachable; it would fetch {_wanted(pin)} (nothing was written)",
         )
     raise BadInput(f"engine.{pin.name}: {what} from {shown(pin.url)} failed: {last}")
 
@@ -307,12 +307,12 @@ def full_commit(pin: PendingPin, work: Path, *, timeout: float = DEFAULT_TIMEOUT
     if not commits:
         raise BadInput(
             f"engine.{pin.name}: no commit {pin.short_rev} on any branch or tag of {shown(pin.url)}",
-            hint="check short_rev and url in the lock (the commit may live only in a fork)",
+            fix="check short_rev and url in the lock (the commit may live only in a fork)",
         )
     if len(commits) > 1:
         raise BadInput(
             f"engine.{pin.name}: short commit {pin.short_rev} is ambiguous at {shown(pin.url)}: " + ", ".join(commits),
-            hint="set a longer short_rev (or rev) in the lock",
+            fix="set a longer short_rev (or rev) in the lock",
         )
     return commits[0]
 
@@ -322,9 +322,7 @@ def _head_commit(pin: PendingPin, *, timeout: float) -> str:
     _fail(done, what="reading HEAD", pin=pin)
     fields = done.stdout.decode(errors="replace").split()
     if len(fields) < 2 or fields[1] != "HEAD" or not re.fullmatch(r"[0-9a-f]{40}", fields[0]):
-        raise BadInput(
-            f"engine.{pin.name}: {shown(pin.url)} names no default branch (HEAD)", hint="set rev in the lock"
-        )
+        raise BadInput(f"engine.{pin.name}: {shown(pin.url)} names no default branch (HEAD)", fix="set rev in the lock")
     return fields[0]
 
 
@@ -475,14 +473,14 @@ def plan_resolution(
     try:
         new = updated_lock_text(old, resolved, image)
     except ValueError as exc:
-        raise BadInput(f"repro lock {path}: cannot set the pins in place ({exc})", hint="restore the file") from exc
+        raise BadInput(f"repro lock {path}: cannot set the pins in place ({exc})", fix="restore the file") from exc
     return Resolution(lock=str(path), resolved=resolved, image=image, diff=lock_diff(path, old, new)), old, new
 
 
 def write_resolution(path: Path, old: str, new: str) -> None:
     """Write `new` unless the file changed since `old` was read."""
     if read_text_bounded(path, what="repro lock") != old:
-        raise BadInput(f"repro lock {path} changed while the pins were resolved", hint="run again")
+        raise BadInput(f"repro lock {path} changed while the pins were resolved", fix="run again")
     atomic_write_text(path, new)
 
 

@@ -141,7 +141,7 @@ def spread(values: list[float]) -> Spread:
     return Spread(median=statistics.median(values), low=min(values), high=max(values))
 
 
-class Candidate(BaseModel):
+class FleetCandidate(BaseModel):
     boxes: int
     p50_s: Spread
     p95_s: Spread
@@ -166,7 +166,7 @@ class PolicyPlan(BaseModel):
         description="each seed's own fewest boxes, seeds in order, up to the first with none"
     )
     boxes_spread: Spread | None = Field(description="median and range of the per-seed answers")
-    candidates: list[Candidate] = Field(description="box counts simulated for every seed")
+    candidates: list[FleetCandidate] = Field(description="box counts simulated for every seed")
     p95_only_boxes: int | None = Field(None, description="the answer were the p95 target the only one")
     decided_by: Literal["p95", "pace"] | None = Field(
         None, description="the target that set the answer: pace where the p95 alone would need fewer boxes"
@@ -174,11 +174,11 @@ class PolicyPlan(BaseModel):
     reason: str | None = None
 
     @property
-    def chosen(self) -> Candidate | None:
+    def chosen(self) -> FleetCandidate | None:
         return next((c for c in self.candidates if c.boxes == self.boxes), None)
 
 
-class Plan(BaseModel):
+class FleetPlan(BaseModel):
     inputs: PlanInputs
     boxes: int | None = Field(description="the answer: the planned (or recommended) policy's box count")
     meets: bool
@@ -201,7 +201,7 @@ def recipe_points(profile: str) -> list[RatePoint]:
     perf = recipe_performance()
     if profile not in perf.profiles:
         raise BadInput(
-            f"--figures {profile!r}: the recipe published no figures for it", hint=f"use one of: {', '.join(PROFILES)}"
+            f"--figures {profile!r}: the recipe published no figures for it", fix=f"use one of: {', '.join(PROFILES)}"
         )
     return [
         RatePoint(context=p.context_len, prefill_tok_s=p.prefill_tok_s, decode_tok_s=p.decode_tok_s)
@@ -368,11 +368,11 @@ def _p95_meets(evaluator: _Evaluator, boxes: int, *, seed: int) -> bool:
     return evaluator.p95_meets(boxes, seed)
 
 
-def _candidate(evaluator: _Evaluator, boxes: int, seeds: list[int]) -> Candidate:
+def _candidate(evaluator: _Evaluator, boxes: int, seeds: list[int]) -> FleetCandidate:
     runs = [evaluator.outcome(boxes, seed) for seed in seeds]
     p95_ok = [evaluator.p95_meets(boxes, seed) for seed in seeds]
     pace_ok = [evaluator.pace_meets(boxes, seed) for seed in seeds]
-    return Candidate(
+    return FleetCandidate(
         boxes=boxes,
         p50_s=spread([run.p50 for run in runs]),
         p95_s=spread([run.p95 for run in runs]),
@@ -395,13 +395,13 @@ def _fewest_for_every_seed(
     """The fewest boxes meeting for every seed (None: none up to `limit`), and each seed's own answer;
     `meets(boxes, seed=seed)`. The seeds stop at the first with no answer: none for every seed then."""
     by_seed: list[int | None] = []
-    hint = guess
+    start = guess
     for seed in seeds:
-        found = _fewest(functools.partial(meets, seed=seed), hint, limit)
+        found = _fewest(functools.partial(meets, seed=seed), start, limit)
         by_seed.append(found)
         if found is None:
             return None, by_seed
-        hint = found
+        start = found
     boxes = max(b for b in by_seed if b is not None)
     # A seed's own answer is local: every seed must meet at the box count given.
     while boxes <= limit and not all(meets(boxes, seed=seed) for seed in seeds):
@@ -464,17 +464,17 @@ def _check(inputs: PlanInputs) -> int:
     if context < inputs.prompt_tokens:
         raise BadInput(
             f"--context {context} is smaller than --prompt-tokens {inputs.prompt_tokens}",
-            hint="the context is the conversation's length at a turn: at least the prompt",
+            fix="the context is the conversation's length at a turn: at least the prompt",
         )
     if context + inputs.answer_tokens > MAX_CONTEXT:
         raise BadInput(
             f"context {context} + answer {inputs.answer_tokens} tokens exceed the served {MAX_CONTEXT:,}",
-            hint="pass a smaller --context / --prompt-tokens / --answer-tokens",
+            fix="pass a smaller --context / --prompt-tokens / --answer-tokens",
         )
     return context
 
 
-def plan_fleet(inputs: PlanInputs) -> Plan:
+def plan_fleet(inputs: PlanInputs) -> FleetPlan:
     """The fewest boxes whose simulated p95 turn latency meets the target for every seed, per policy."""
     context = _check(inputs)
     rates = agent_rates(inputs, context)
@@ -524,7 +524,7 @@ def plan_fleet(inputs: PlanInputs) -> Plan:
         chosen, recommended = best, best.label
     if reason is None and chosen is not None and chosen.boxes is None:
         reason = chosen.reason
-    return Plan(
+    return FleetPlan(
         inputs=inputs,
         boxes=chosen.boxes if chosen is not None else None,
         meets=chosen is not None and chosen.boxes is not None,
@@ -611,9 +611,9 @@ __all__ = [
     "PROFILES",
     "RECOMMENDED_POLICY",
     "VARIANTS",
-    "Candidate",
     "FiguresProfile",
-    "Plan",
+    "FleetCandidate",
+    "FleetPlan",
     "PlanInputs",
     "PolicyPlan",
     "RatePoint",

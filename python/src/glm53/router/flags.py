@@ -90,7 +90,7 @@ def option_table(
             env=environment(),
             what="reading vllm-router's options",
             timeout=HELP_TIMEOUT_S,
-            missing_hint="pip install vllm-router==0.1.17",
+            missing_fix="pip install vllm-router==0.1.17",
         )
     except TimedOut as exc:
         raise Unavailable(f"`{' '.join(command)} --help` did not answer in {HELP_TIMEOUT_S} s") from exc
@@ -98,7 +98,7 @@ def option_table(
     if result.returncode != 0 or "--worker-urls" not in table:
         raise Unavailable(
             f"`{' '.join(command)} --help` did not print vllm-router's options (exit {result.returncode})",
-            hint=(text(result.stderr).splitlines() or ["install vllm-router"])[-1],
+            fix=(text(result.stderr).splitlines() or ["install vllm-router"])[-1],
         )
     if use_cache:
         try:
@@ -122,8 +122,8 @@ def check_args(args: Sequence[str], table: dict[str, RouterOption], version: str
         option = table.get(arg)
         if option is None:
             close = difflib.get_close_matches(arg, list(table), n=3, cutoff=0.6)
-            hint = f"vllm-router {version} knows {', '.join(close)}" if close else "see `vllm-router --help`"
-            raise BadInput(f"vllm-router {version} rejects the flag {arg}: no such option", hint=hint)
+            fix = f"vllm-router {version} knows {', '.join(close)}" if close else "see `vllm-router --help`"
+            raise BadInput(f"vllm-router {version} rejects the flag {arg}: no such option", fix=fix)
         if not option.takes_value:
             continue
         values = []
@@ -137,7 +137,7 @@ def check_args(args: Sequence[str], table: dict[str, RouterOption], version: str
                 if value not in option.choices:
                     raise BadInput(
                         f"vllm-router {version} rejects {arg} {value}",
-                        hint=f"it knows {', '.join(option.choices)}",
+                        fix=f"it knows {', '.join(option.choices)}",
                     )
 
 

@@ -237,31 +237,31 @@ def _depth(value: Any) -> int:
 
 
 def parse_fleet(text: str, *, source: str, fmt: Literal["toml", "json"]) -> Fleet:
-    hint = "see docs/router.md for the fleet file's fields"
+    fix = "see docs/router.md for the fleet file's fields"
     if fmt == "json":
-        data = parse_json(text, what=source, hint=hint)
+        data = parse_json(text, what=source, fix=fix)
     else:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise BadInput(f"{source} is not valid TOML: {exc}", hint=hint) from exc
+            raise BadInput(f"{source} is not valid TOML: {exc}", fix=fix) from exc
         except RecursionError as exc:
-            raise BadInput(f"{source}: TOML nested too deeply to read", hint=hint) from exc
+            raise BadInput(f"{source}: TOML nested too deeply to read", fix=fix) from exc
     if not isinstance(data, dict):
-        raise BadInput(f"{source}: the top level must be a table (object) of fleet settings", hint=hint)
+        raise BadInput(f"{source}: the top level must be a table (object) of fleet settings", fix=fix)
     if _depth(data) > MAX_DEPTH:
-        raise BadInput(f"{source}: nested deeper than a fleet file ever is ({MAX_DEPTH} levels)", hint=hint)
+        raise BadInput(f"{source}: nested deeper than a fleet file ever is ({MAX_DEPTH} levels)", fix=fix)
     try:
         return Fleet.model_validate(data)
     except ValidationError as exc:
-        raise invalid_document(exc, source, hint=f"policies: {', '.join(POLICIES)}; {hint}") from exc
+        raise invalid_document(exc, source, fix=f"policies: {', '.join(POLICIES)}; {fix}") from exc
 
 
 def load_fleet(path: Path) -> Fleet:
     """Read and check a fleet file (.toml or .json). Every problem is BadInput (exit 2) naming the field."""
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json"):
-        raise BadInput(f"fleet file {path}: name it *.toml or *.json", hint="the suffix says how to read it")
+        raise BadInput(f"fleet file {path}: name it *.toml or *.json", fix="the suffix says how to read it")
     text = read_text_bounded(path, what="fleet file", max_bytes=MAX_FLEET_BYTES)
     fleet = parse_fleet(text, source=f"fleet file {path}", fmt="toml" if suffix == ".toml" else "json")
     if fleet.api_key_file is not None and not fleet.api_key_file.is_absolute():

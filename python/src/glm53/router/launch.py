@@ -57,10 +57,10 @@ def build_router_launch(
     if not is_loopback(fleet.host) and fleet.api_key_file is None:
         raise BadInput(
             f"the router would listen on {fleet.host}:{fleet.port} for other machines without an API key",
-            hint="set api_key_file in the fleet file (the key the backends are served with, chmod 600)",
+            fix="set api_key_file in the fleet file (the key the backends are served with, chmod 600)",
         )
     if fleet.port == fleet.metrics.port and fleet.host == fleet.metrics.host:
-        raise BadInput(f"port {fleet.port} is both the router's and its metrics' port", hint="set metrics.port")
+        raise BadInput(f"port {fleet.port} is both the router's and its metrics' port", fix="set metrics.port")
     urls = [backend.url for backend in fleet.backends]
     limits, health, retry = fleet.limits, fleet.health, fleet.retry
     argv = [

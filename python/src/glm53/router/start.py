@@ -88,7 +88,7 @@ def _require_checked(req: RouterRequest, check: RouterFlagCheck) -> None:
     if not check.checked and not req.skip_flag_check:
         raise Unavailable(
             f"the router's flags cannot be checked: {check.reason}",
-            hint="install vllm-router in glm53's Python (pip install vllm-router==0.1.17; on NixOS the "
+            fix="install vllm-router in glm53's Python (pip install vllm-router==0.1.17; on NixOS the "
             "glm53-router package), or pass --skip-flag-check",
         )
 
@@ -155,7 +155,7 @@ def probe_backends(fleet: Fleet, api_key: str | None) -> None:
     if problems:
         raise BadInput(
             f"{len(problems)} of {len(urls)} backends are not ready:\n  " + "\n  ".join(problems),
-            hint="start them (glm53 serve), fix the URLs in the fleet file, or pass --skip-probe to start anyway",
+            fix="start them (glm53 serve), fix the URLs in the fleet file, or pass --skip-probe to start anyway",
         )
 
 

@@ -34,11 +34,11 @@ def reasoning_end_str(reasoning_config: str, *, what: str = "REASONING_CONFIG") 
     except json.JSONDecodeError as exc:
         raise BadInput(
             f"{what} is not valid JSON: {exc}",
-            hint='expected {"reasoning_start_str": "<think>", "reasoning_end_str": "...</think>"}',
+            fix='expected {"reasoning_start_str": "<think>", "reasoning_end_str": "...</think>"}',
         ) from exc
     end = value.get("reasoning_end_str") if isinstance(value, dict) else None
     if not isinstance(end, str) or not end:
-        raise BadInput(f"{what} has no reasoning_end_str", hint="add the string the server forces at the budget")
+        raise BadInput(f"{what} has no reasoning_end_str", fix="add the string the server forces at the budget")
     return end
 
 

@@ -143,7 +143,7 @@ def _train_tokenizer(out_dir: Path) -> dict[str, int]:
     tokenizer.save(str(out_dir / "tokenizer.json"))
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     if any(value is None for value in ids.values()):
-        raise Unavailable("the tokenizer trainer dropped a special token", hint="upgrade `tokenizers`")
+        raise Unavailable("the tokenizer trainer dropped a special token", fix="upgrade `tokenizers`")
     return {token: int(value) for token, value in ids.items() if value is not None}
 
 
@@ -154,12 +154,12 @@ def build_tiny_checkpoint(out_dir: Path, *, seed: int = 0, force: bool = False) 
         if not force:
             raise BadInput(
                 f"{out_dir} already exists and is not empty",
-                hint="choose another --model-dir or pass --force to rebuild it",
+                fix="choose another --model-dir or pass --force to rebuild it",
             )
         if not looks_like_tiny_model(out_dir):
             raise BadInput(
                 f"refusing to replace {out_dir}: it is not a tiny demo model",
-                hint="point --model-dir at an empty or new directory",
+                fix="point --model-dir at an empty or new directory",
             )
     try:
         # optional and heavy: the demo extra (torch, transformers) builds the tiny model
@@ -168,7 +168,7 @@ def build_tiny_checkpoint(out_dir: Path, *, seed: int = 0, force: bool = False) 
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise Unavailable(
             f"building the tiny model needs torch and transformers ({exc.name} is missing)",
-            hint="install the demo extra: pip install 'glm53[demo]' (make setup does)",
+            fix="install the demo extra: pip install 'glm53[demo]' (make setup does)",
         ) from exc
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -264,13 +264,13 @@ def prepare_demo_model(model_dir: Path | None = None, *, rebuild: bool = False) 
     """
     target = Path(model_dir) if model_dir is not None else default_demo_dir()
     if target.exists() and not target.is_dir():
-        raise BadInput(f"--model-dir: {target} is not a directory", hint="point it at a new or empty directory")
+        raise BadInput(f"--model-dir: {target} is not a directory", fix="point it at a new or empty directory")
     lock_path = default_lock_path(target)
     built = locked = False
     if (target / "config.json").is_file() and not looks_like_tiny_model(target):
         raise BadInput(
             f"{target} holds another model, not the tiny demo model",
-            hint="point --model-dir at an empty or new directory (the demo writes its lock there)",
+            fix="point --model-dir at an empty or new directory (the demo writes its lock there)",
         )
     if rebuild or not (target / "config.json").is_file():
         build_tiny_checkpoint(target, force=True)
@@ -282,7 +282,7 @@ def prepare_demo_model(model_dir: Path | None = None, *, rebuild: bool = False) 
     if not report.ok:
         raise CheckFailed(
             f"the demo model in {target} does not match its lock: {report.summary}",
-            hint="rebuild it with `glm53 demo --rebuild`",
+            fix="rebuild it with `glm53 demo --rebuild`",
         )
     return DemoModel(model_dir=target, lock_path=lock_path, built=built, locked=locked, verified=report.summary)
 
@@ -315,7 +315,7 @@ def demo_start_checks(host: str, port: int) -> None:
     if problem is not None:
         raise BadInput(
             f"--port {port}: {host}:{port} is {problem}",
-            hint="pass another --port (with make: make demo PORT=8001), or stop what listens there",
+            fix="pass another --port (with make: make demo PORT=8001), or stop what listens there",
         )
 
 

@@ -35,11 +35,11 @@ def read_api_key(path: Path) -> str:
     except OSError as exc:
         raise BadInput(f"--api-key-file: cannot read {path}: {exc.strerror}") from exc
     if stat.S_ISREG(info.st_mode) and info.st_mode & stat.S_IROTH:
-        raise BadInput(f"--api-key-file: {path} is readable by every user", hint=f"chmod 600 {path}")
+        raise BadInput(f"--api-key-file: {path} is readable by every user", fix=f"chmod 600 {path}")
     raw = read_text_bounded(path, what="--api-key-file", max_bytes=API_KEY_MAX_BYTES)
     key = raw.strip().splitlines()[0].strip() if raw.strip() else ""
     if not key:
-        raise BadInput(f"--api-key-file: {path} is empty", hint="write the key on the first line")
+        raise BadInput(f"--api-key-file: {path} is empty", fix="write the key on the first line")
     return key
 
 
@@ -63,7 +63,7 @@ def apply_affinity(cpus: list[int] | None) -> None:
         allowed = sorted(os.sched_getaffinity(0))
         raise BadInput(
             f"cannot pin vLLM to CPUs {cpus}: {exc.strerror}",
-            hint=f"this process may use CPUs {allowed}; re-run `glm53 plan host` on this machine",
+            fix=f"this process may use CPUs {allowed}; re-run `glm53 plan host` on this machine",
         ) from exc
 
 
@@ -79,18 +79,18 @@ def prepare_run_dir(spec: LaunchSpec, api_key: str | None) -> None:
         info = directory.lstat()
     except OSError as exc:
         raise Unavailable(
-            f"cannot create {directory}: {exc.strerror}", hint="set XDG_RUNTIME_DIR to a private folder"
+            f"cannot create {directory}: {exc.strerror}", fix="set XDG_RUNTIME_DIR to a private folder"
         ) from exc
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise Unavailable(
-            f"{directory} is not a directory of this user", hint="remove it, or set XDG_RUNTIME_DIR elsewhere"
+            f"{directory} is not a directory of this user", fix="remove it, or set XDG_RUNTIME_DIR elsewhere"
         )
     # Whoever owns the folder above can rename this one and put theirs in its place (/tmp/glm53-UID made first
     # by another user): it must be this user's or root's, and so must a link to it.
     parent = directory.parent
     if any(entry.st_uid not in (os.getuid(), 0) for entry in (parent.lstat(), parent.stat())):
         raise Unavailable(
-            f"{parent} belongs to another user", hint="remove it, or set XDG_RUNTIME_DIR to a private folder"
+            f"{parent} belongs to another user", fix="remove it, or set XDG_RUNTIME_DIR to a private folder"
         )
     os.chmod(directory, 0o700)
     for name, text in spec.files.items():
@@ -116,12 +116,12 @@ def exec_launch(
         if os.sep not in program:
             found = shutil.which(program, path=env.get("PATH"))
             if found is None:
-                raise Unavailable(f"{program} not found on PATH", hint="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python")
+                raise Unavailable(f"{program} not found on PATH", fix="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python")
             program = found
         main = tabby_main(spec.argv)
         if not Path(main).is_file():
             raise Unavailable(
-                f"{main} not found", hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree (docs/serve.md)"
+                f"{main} not found", fix="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree (docs/serve.md)"
             )
         prepare_run_dir(spec, api_key)
         os.chdir(spec.cwd or "/")
@@ -134,7 +134,7 @@ def exec_launch(
     if os.sep not in program and shutil.which(program, path=env.get("PATH")) is None:
         raise Unavailable(
             f"{program} not found on PATH",
-            hint="install vLLM (make setup installs the CPU build) or run the recipe's image",
+            fix="install vLLM (make setup installs the CPU build) or run the recipe's image",
         )
     apply_affinity(spec.cpu_affinity)
     sys.stdout.flush()

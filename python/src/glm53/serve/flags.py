@@ -123,7 +123,7 @@ def check_flags(argv: Sequence[str], *, use_cache: bool = True) -> FlagCheck:
     except ImportError as exc:
         raise Unavailable(
             f"vLLM {dist[1]} is installed but its serve parser cannot be imported: {exc}",
-            hint="glm53 expects vLLM 0.32's vllm.entrypoints.launchers.cli_args",
+            fix="glm53 expects vLLM 0.32's vllm.entrypoints.launchers.cli_args",
         ) from exc
 
     class _Parser(FlexibleArgumentParser):  # type: ignore[misc, valid-type]
@@ -143,14 +143,14 @@ def check_flags(argv: Sequence[str], *, use_cache: bool = True) -> FlagCheck:
         name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
         if name not in table:
             close = difflib.get_close_matches(name, list(table), n=3, cutoff=0.6)
-            hint = f"vLLM {dist[1]} knows {', '.join(close)}" if close else "see `vllm serve --help=all`"
-            raise BadInput(f"vLLM {dist[1]} rejects the flag {name}: no such option", hint=hint)
+            fix = f"vLLM {dist[1]} knows {', '.join(close)}" if close else "see `vllm serve --help=all`"
+            raise BadInput(f"vLLM {dist[1]} rejects the flag {name}: no such option", fix=fix)
     try:
         parser.parse_args(args)
     except _Rejected as exc:
         raise BadInput(
             f"vLLM {dist[1]} rejects the launch arguments: {exc}",
-            hint="fix the profile value behind that flag (see `glm53 serve --dry-run`)",
+            fix="fix the profile value behind that flag (see `glm53 serve --dry-run`)",
         ) from exc
     except (ValueError, TypeError) as exc:
         raise BadInput(f"vLLM {dist[1]} rejects the launch arguments: {exc}") from exc

@@ -84,11 +84,11 @@ def is_loopback(host: str) -> bool:
 def check_host(host: str, *, listen_all: bool) -> str:
     """127.0.0.1 by default; an address other than loopback needs the explicit `--listen-all` flag."""
     if _address(host) is None:
-        raise BadInput(f"--host {host!r} is not an IP address", hint="use 127.0.0.1, or 0.0.0.0 with --listen-all")
+        raise BadInput(f"--host {host!r} is not an IP address", fix="use 127.0.0.1, or 0.0.0.0 with --listen-all")
     if not is_loopback(host) and not listen_all:
         raise BadInput(
             f"--host {host} would accept connections from other machines",
-            hint="pass --listen-all as well if that is what you want (and set --api-key-file)",
+            fix="pass --listen-all as well if that is what you want (and set --api-key-file)",
         )
     return host
 
@@ -120,7 +120,7 @@ def build_launch(
 ) -> LaunchSpec:
     """The argv, environment and CPU affinity for serving `model_dir` with `profile`."""
     if not 0 < port < 65536:
-        raise BadInput(f"--port {port} is out of range", hint="use a port between 1 and 65535")
+        raise BadInput(f"--port {port} is out of range", fix="use a port between 1 and 65535")
     check_host(host, listen_all=listen_all)
     argv: list[str] = [*vllm_command, str(model_dir)]
     origins: dict[str, str] = {}
@@ -164,11 +164,11 @@ def build_launch(
 
 def _refused_by_vllm(key: str) -> BadInput | None:
     if key in SECRET_ENV:
-        return BadInput(f"the plan sets {key}", hint="the API key comes from --api-key-file only")
+        return BadInput(f"the plan sets {key}", fix="the API key comes from --api-key-file only")
     if key in KEYS and KEYS[key].role == "flag":
         return BadInput(
             f"the plan sets {key}, which is a launch flag, not an environment variable",
-            hint="set it with --set instead",
+            fix="set it with --set instead",
         )
     return None
 

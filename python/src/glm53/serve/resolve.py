@@ -137,7 +137,7 @@ def read_plan(path: Path, engine: str | None = None) -> tuple[list[tuple[str, st
         if line.key in first:
             raise BadInput(
                 f"{where}: {line.key} is set again (first at line {first[line.key]})",
-                hint="a plan file sets each key once: keep the value meant and remove the other line",
+                fix="a plan file sets each key once: keep the value meant and remove the other line",
             )
         first[line.key] = line.lineno
         if line.key in KEYS:
@@ -147,7 +147,7 @@ def read_plan(path: Path, engine: str | None = None) -> tuple[list[tuple[str, st
             raise BadInput(
                 f"{where}: {line.key} is written by the {' and '.join(owners)} planner, and this profile runs on "
                 f"{engine}",
-                hint=f"plan for this profile (glm53 plan host --profile NAME --env) or remove {line.key}",
+                fix=f"plan for this profile (glm53 plan host --profile NAME --env) or remove {line.key}",
             )
         if not owners:
             raise unknown_key_error(line.key, where=where)
@@ -177,7 +177,7 @@ def plan_on_this_host(
     if rig is not None:
         raise BadInput(
             f"--rig plans exllamav3 profiles; {profile.name} runs on vllm",
-            hint="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
+            fix="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
         )
 
     env, affinity = plan_serving_env(profile, model_dir=model_dir, root=root)
@@ -212,25 +212,25 @@ def check_exl3_checkpoint(model_dir: Path) -> None:
     config = read_checkpoint_config(model_dir)
     if config is None:
         raise BadInput(
-            f"--model-dir {model_dir} has no config.json", hint=f"{GET_THE_CHECKPOINT}; it must be the whole directory"
+            f"--model-dir {model_dir} has no config.json", fix=f"{GET_THE_CHECKPOINT}; it must be the whole directory"
         )
     if not spec.match.fits(config):
         raise BadInput(
             f"--model-dir {model_dir}: config.json describes model_type {config.model_type!r} quantized by "
             f"{config.quant_method!r}; the exl3 profiles serve {spec.description} (model_type "
             f"{spec.match.model_type!r}, {spec.match.quant_method!r})",
-            hint=f"{GET_THE_CHECKPOINT}, or serve this model with a profile of its own engine",
+            fix=f"{GET_THE_CHECKPOINT}, or serve this model with a profile of its own engine",
         )
 
 
 def _model_dir(req: ServeRequest, *, need_model: bool) -> Path | str:
     if req.model_dir is None:
         if need_model:
-            raise BadInput("serve needs the model directory", hint="glm53 serve --model-dir DIR (see glm53 model)")
+            raise BadInput("serve needs the model directory", fix="glm53 serve --model-dir DIR (see glm53 model)")
         return PLACEHOLDER_MODEL_DIR
     if need_model and (missing := missing_directory(req.model_dir)) is not None:
         raise BadInput(
-            f"--model-dir {req.model_dir} {missing}", hint=f"{GET_THE_CHECKPOINT}; `glm53 demo` serves a tiny model"
+            f"--model-dir {req.model_dir} {missing}", fix=f"{GET_THE_CHECKPOINT}; `glm53 demo` serves a tiny model"
         )
     return req.model_dir.resolve()
 
@@ -259,14 +259,14 @@ def resolve_launch(
         if profile.engine != "exllamav3":
             raise BadInput(
                 f"--rig plans exllamav3 profiles; {req.profile} runs on {profile.engine}",
-                hint="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
+                fix="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
             )
         if req.plan_env is not None:
-            raise BadInput("--rig and --plan-env both give the plan", hint="pass one of them")
+            raise BadInput("--rig and --plan-env both give the plan", fix="pass one of them")
     if req.capture_routing is not None and profile.engine != "exllamav3":
         raise BadInput(
             f"--capture-routing records ExLlamaV3's routing; {req.profile} runs on {profile.engine}",
-            hint="serve an exl3-* profile to capture, or drop --capture-routing",
+            fix="serve an exl3-* profile to capture, or drop --capture-routing",
         )
     model_dir = _model_dir(req, need_model=need_model)
     if profile.engine == "exllamav3" and isinstance(model_dir, Path) and model_dir.is_dir():

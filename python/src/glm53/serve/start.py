@@ -104,17 +104,17 @@ def preflight(req: ServeRequest, launch: Launch, out: Output) -> None:
     lines = [f"{c.name}: {c.detail}" for c in report.failures]
     fixes = [f"{c.name}: {c.fix}" for c in report.failures if c.fix]
     message = "preflight failed, nothing started:\n  " + "\n  ".join(lines)
-    hint = "\n  ".join(fixes) or "run `glm53 doctor` for the whole report"
+    fix = "\n  ".join(fixes) or "run `glm53 doctor` for the whole report"
     if all(c.name in INPUT_CHECKS for c in report.failures):
-        raise BadInput(message, hint=hint)
-    raise Unavailable(message, hint=hint)
+        raise BadInput(message, fix=fix)
+    raise Unavailable(message, fix=fix)
 
 
 def start(req: ServeRequest, out: Output) -> NoReturn:
     if req.rig is not None:
         raise BadInput(
             f"--rig {req.rig} plans another machine; a start serves this one",
-            hint="add --dry-run to see that machine's launch, or leave --rig out to plan this host",
+            fix="add --dry-run to see that machine's launch, or leave --rig out to plan this host",
         )
     # Planning impossible is reported after preflight, so that one run names every problem of the host.
     launch = resolve_launch(req)
@@ -127,7 +127,7 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
     if launch.plan.source == "impossible":
         raise Unavailable(
             f"{req.profile} needs a plan of this host's expert pools, and {launch.plan.detail}",
-            hint="serve on the GPU host, or pass --plan-env from `glm53 plan host --env`",
+            fix="serve on the GPU host, or pass --plan-env from `glm53 plan host --env`",
         )
     if launch.plan.source == "this host":
         out.info(f"planned the expert pools for this host: {len(launch.plan.keys)} values")

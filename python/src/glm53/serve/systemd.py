@@ -106,7 +106,7 @@ def load_unit_data(text: str | None = None) -> UnitData:
     try:
         return UnitData.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, source, hint="restore the file from the glm53 package") from exc
+        raise invalid_document(exc, source, fix="restore the file from the glm53 package") from exc
 
 
 class UnitSettings(BaseModel):
@@ -147,10 +147,10 @@ def _hidden_by(path: Path) -> str | None:
     return None
 
 
-def _check_visible(path: Path, *, flag: str, hint: str) -> None:
+def _check_visible(path: Path, *, flag: str, fix: str) -> None:
     hidden = _hidden_by(path)
     if hidden is not None:
-        raise BadInput(f"{flag}: {path} is under {hidden}, which the service cannot see", hint=hint)
+        raise BadInput(f"{flag}: {path} is under {hidden}, which the service cannot see", fix=fix)
 
 
 def _check_text(value: str, *, flag: str) -> None:
@@ -177,11 +177,11 @@ def find_glm53(explicit: Path | None) -> Path:
     if explicit is None:
         found = running_glm53() or (Path(which) if (which := shutil.which("glm53")) else None)
         if found is None:
-            raise BadInput("cannot tell which glm53 to run", hint="pass --glm53 /path/to/venv/bin/glm53")
+            raise BadInput("cannot tell which glm53 to run", fix="pass --glm53 /path/to/venv/bin/glm53")
         explicit = found
     path = Path(os.path.abspath(explicit))
     if not path.is_file() or not os.access(path, os.X_OK):
-        raise BadInput(f"--glm53: {path} is not an executable file", hint="pass the glm53 of the installation")
+        raise BadInput(f"--glm53: {path} is not an executable file", fix="pass the glm53 of the installation")
     return path
 
 
@@ -215,9 +215,9 @@ def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[Unit
     """Check a ServeRequest for a unit through `resolve_launch` (profile, env file, address rule, key file),
     without planning and without needing the checkpoint yet. Returns the settings and what deserves a word."""
     if req.model_dir is None:
-        raise BadInput("systemd-unit needs the model directory", hint="glm53 systemd-unit --model-dir DIR ...")
+        raise BadInput("systemd-unit needs the model directory", fix="glm53 systemd-unit --model-dir DIR ...")
     if req.set_values or req.plan_env is not None:
-        raise BadInput("--set and --plan-env are not part of a unit", hint="put the keys in an --env-file")
+        raise BadInput("--set and --plan-env are not part of a unit", fix="put the keys in an --env-file")
     launch = resolve_launch(req, plan_here=False, need_model=False, environ={})
     warnings = list(launch.warnings)
 
@@ -227,12 +227,12 @@ def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[Unit
         raise BadInput(
             f"--model-dir {model_dir} is a system directory: the unit's ReadOnlyPaths={model_dir} would cover it "
             "whole and its service would read all of it",
-            hint="pass the checkpoint's own directory, e.g. /srv/models/glm53",
+            fix="pass the checkpoint's own directory, e.g. /srv/models/glm53",
         )
     _check_visible(
         model_dir,
         flag="--model-dir",
-        hint="move or copy the checkpoint to e.g. /srv/models (`glm53 model install`), then pass that directory",
+        fix="move or copy the checkpoint to e.g. /srv/models (`glm53 model install`), then pass that directory",
     )
     if not model_dir.is_dir():
         warnings.append(f"--model-dir: {model_dir} is not a directory yet; the service cannot start until it is")
@@ -247,12 +247,12 @@ def unit_settings(req: ServeRequest, *, glm53: Path | None = None) -> tuple[Unit
             # special characters") and does not expand `$` in it, while the one escaping rule doubles `$`.
             raise BadInput(
                 f"{flag}: {path} holds {' '.join(unsafe)}, which systemd does not accept in a command's path",
-                hint="install glm53 under a directory whose path has none of $ \" ' \\",
+                fix="install glm53 under a directory whose path has none of $ \" ' \\",
             )
         _check_visible(
             path,
             flag=flag,
-            hint="install glm53 (and vLLM) outside /home and /tmp, e.g. a virtual environment in /opt/glm53",
+            fix="install glm53 (and vLLM) outside /home and /tmp, e.g. a virtual environment in /opt/glm53",
         )
 
     files: dict[str, Path | None] = {"--env-file": req.env_file, "--api-key-file": req.api_key_file}

@@ -119,10 +119,10 @@ def render_config(profile: Profile, *, model_dir: Path | str, host: str, port: i
     if "cache_size" in model and "max_seq_len" in model and model["cache_size"] < model["max_seq_len"]:
         raise BadInput(
             f"CACHE_SIZE={model['cache_size']} is below MAX_MODEL_LEN={model['max_seq_len']}",
-            hint="TabbyAPI refuses a cache shorter than the context: raise CACHE_SIZE or leave it to the planner",
+            fix="TabbyAPI refuses a cache shorter than the context: raise CACHE_SIZE or leave it to the planner",
         )
     if "cache_size" in model and model["cache_size"] % 256:
-        raise BadInput(f"CACHE_SIZE={model['cache_size']} is not a multiple of 256", hint="TabbyAPI pages it by 256")
+        raise BadInput(f"CACHE_SIZE={model['cache_size']} is not a multiple of 256", fix="TabbyAPI pages it by 256")
     sections: dict[str, dict[str, Any]] = {
         "network": network,
         "logging": {"log_prompt": False, "log_generation_params": False, "log_requests": False},
@@ -169,7 +169,7 @@ def tabby_main(argv: list[str]) -> str:
 
 def _refused_by_tabby(key: str) -> BadInput | None:
     if key in SECRET_ENV or key.startswith(TABBY_ENV_PREFIX):
-        return BadInput(f"the plan sets {key}", hint="the plan may set engine variables only")
+        return BadInput(f"the plan sets {key}", fix="the plan may set engine variables only")
     return None
 
 
@@ -188,7 +188,7 @@ def build_tabby_launch(
 ) -> LaunchSpec:
     """The argv, environment, working directory and files for serving `model_dir` with TabbyAPI."""
     if not 0 < port < 65536:
-        raise BadInput(f"--port {port} is out of range", hint="use a port between 1 and 65535")
+        raise BadInput(f"--port {port} is out of range", fix="use a port between 1 and 65535")
     if capture_routing is not None:
         _check_capture_dir(Path(capture_routing))
     check_host(host, listen_all=listen_all)
@@ -217,22 +217,22 @@ def build_tabby_launch(
 def _check_capture_dir(directory: Path) -> None:
     """A capture goes into a directory that is or can be made, and never replaces an earlier capture."""
     if directory.exists() and not directory.is_dir():
-        raise BadInput(f"--capture-routing {directory} is not a directory", hint="name a directory for the capture")
+        raise BadInput(f"--capture-routing {directory} is not a directory", fix="name a directory for the capture")
     if not directory.exists() and not directory.parent.is_dir():
         raise BadInput(
-            f"--capture-routing {directory}: its parent directory does not exist", hint="create it, or name another"
+            f"--capture-routing {directory}: its parent directory does not exist", fix="create it, or name another"
         )
     for name in (CAPTURE_NAME, TRACE_NAME):
         if (directory / name).exists():
             raise BadInput(
                 f"--capture-routing {directory} already holds {name}",
-                hint="name a new directory (an earlier capture is never replaced)",
+                fix="name a new directory (an earlier capture is never replaced)",
             )
     writable = directory if directory.exists() else directory.parent
     if not os.access(writable, os.W_OK | os.X_OK):
         raise BadInput(
             f"--capture-routing {directory}: {writable} is not writable by this user: the capture could not be saved",
-            hint="name a directory this user can write",
+            fix="name a directory this user can write",
         )
 
 

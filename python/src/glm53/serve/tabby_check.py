@@ -112,7 +112,7 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, s
     if directory is None:
         raise Unavailable(
             "TabbyAPI's location is not set (GLM53_TABBYAPI_DIR)",
-            hint="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree at the pinned commit (docs/serve.md)",
+            fix="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree at the pinned commit (docs/serve.md)",
         )
     try:
         # `-c CODE` ends Python's options: the directory after it is the script's sys.argv[1], never an option.
@@ -123,7 +123,7 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, s
             what="checking TabbyAPI's config",
             input=spec.files[CONFIG_NAME].encode(),
             timeout=CHECK_TIMEOUT_S,
-            missing_hint="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python",
+            missing_fix="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python",
         )
     except TimedOut as exc:
         raise Unavailable(f"TabbyAPI's config schema did not answer in {CHECK_TIMEOUT_S} s") from exc
@@ -132,7 +132,7 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, s
         tail = text(done.stderr).splitlines()[-1:] or ["no output"]
         raise Unavailable(
             f"cannot load TabbyAPI's config schema from {directory}: {tail[0][:300]}",
-            hint="GLM53_TABBYAPI_DIR must be TabbyAPI's source tree, GLM53_TABBYAPI_PYTHON a Python with its "
+            fix="GLM53_TABBYAPI_DIR must be TabbyAPI's source tree, GLM53_TABBYAPI_PYTHON a Python with its "
             "dependencies (pydantic)",
         )
     result = parse_json(lines[-1], what="TabbyAPI's config check")
@@ -151,12 +151,12 @@ def _lacking(spec: LaunchSpec, missing: list[dict[str, str | None]]) -> Unavaila
     """What TabbyAPI's Python lacks, with the command that installs it there."""
     rows = [f"{row['spec'] or row['name']} ({row['why']})" for row in missing]
     wanted = " ".join(f"'{row['spec'] or row['name']}'" for row in missing if row["name"] != "pyproject.toml")
-    hint = (
+    fix = (
         f"install into TabbyAPI's Python: {spec.argv[0]} -m pip install {wanted}"
         if wanted
         else "GLM53_TABBYAPI_DIR must be TabbyAPI's source tree at the pinned commit (repro.lock.json engine.tabbyapi)"
     )
-    return Unavailable(f"TabbyAPI's Python ({spec.argv[0]}) lacks what TabbyAPI imports: {'; '.join(rows)}", hint=hint)
+    return Unavailable(f"TabbyAPI's Python ({spec.argv[0]}) lacks what TabbyAPI imports: {'; '.join(rows)}", fix=fix)
 
 
 def wrong_commit(spec: LaunchSpec) -> BadInput | None:
@@ -172,7 +172,7 @@ def wrong_commit(spec: LaunchSpec) -> BadInput | None:
         return None
     return BadInput(
         f"TabbyAPI at {directory} is checked out at {found}, but repro.lock.json pins {pinned}",
-        hint=f"git -C {directory} checkout {pinned} (or point GLM53_TABBYAPI_DIR at a tree of that commit)",
+        fix=f"git -C {directory} checkout {pinned} (or point GLM53_TABBYAPI_DIR at a tree of that commit)",
     )
 
 
@@ -202,10 +202,10 @@ def require_tabby_config(spec: LaunchSpec) -> str:
     if unknown:
         raise BadInput(
             f"TabbyAPI does not know the config fields {', '.join(unknown)}",
-            hint="this TabbyAPI is not the pinned commit (repro.lock.json engine.tabbyapi)",
+            fix="this TabbyAPI is not the pinned commit (repro.lock.json engine.tabbyapi)",
         )
     if error:
-        raise BadInput(f"TabbyAPI refuses the config: {error[:800]}", hint="fix the profile value it names")
+        raise BadInput(f"TabbyAPI refuses the config: {error[:800]}", fix="fix the profile value it names")
     if missing:
         raise _lacking(spec, missing)
     return f"config accepted by TabbyAPI's schema ({_tabby_dir(spec)}); its Python has every dependency it declares"

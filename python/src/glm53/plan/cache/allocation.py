@@ -38,7 +38,7 @@ def allocate_slots(curves: Sequence[NDArray[np.integer]], budget: int, *, min_sl
     if min_slots * layers > budget:
         raise BadInput(
             f"a budget of {budget} slots cannot give {layers} layers {min_slots} slots each",
-            hint=f"it needs at least {min_slots * layers} slots",
+            fix=f"it needs at least {min_slots * layers} slots",
         )
     budget = min(budget, max_slots * layers)
     span = np.arange(min_slots, max_slots + 1)

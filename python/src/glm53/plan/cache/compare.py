@@ -216,7 +216,7 @@ def compare_policies(
         if slots < minimum * layers:
             raise BadInput(
                 f"a budget of {fraction:.1%} ({slots} slots) leaves fewer than {minimum} slots per layer",
-                hint=f"use at least {minimum * layers / (layers * experts):.1%}",
+                fix=f"use at least {minimum * layers / (layers * experts):.1%}",
             )
         budgets.append(slots)
     learn, score = trace.split(learn_fraction)

@@ -59,7 +59,7 @@ def read_probe_bandwidth(path: Path, kind: MemoryKind = "pinned", *, flag: str =
         report = ProbeReport.model_validate(raw)
     except ValidationError as exc:
         raise invalid_document(
-            exc, f"{flag}: probe report {path}", hint="write it with `glm53 probe --json > FILE`"
+            exc, f"{flag}: probe report {path}", fix="write it with `glm53 probe --json > FILE`"
         ) from exc
     if report.format != PROBE_FORMAT:
         raise BadInput(f"{flag}: probe report {path}: format {report.format!r} is not {PROBE_FORMAT!r}")
@@ -67,7 +67,7 @@ def read_probe_bandwidth(path: Path, kind: MemoryKind = "pinned", *, flag: str =
     if not rates:
         raise BadInput(
             f"{flag}: probe report {path} has no {kind} measurement",
-            hint=f"it has: {', '.join(sorted({r.kind for r in report.results})) or 'none'}",
+            fix=f"it has: {', '.join(sorted({r.kind for r in report.results})) or 'none'}",
         )
     best = max(rates, key=lambda r: r.block_bytes)
     return Bandwidth(

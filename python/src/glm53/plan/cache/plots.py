@@ -30,7 +30,7 @@ def plot_miss_ratio_curves(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # optional: the plots extra, once its backend is chosen
     except ImportError as exc:
-        raise Unavailable("plots need matplotlib", hint="pip install 'glm53[plots]'") from exc
+        raise Unavailable("plots need matplotlib", fix="pip install 'glm53[plots]'") from exc
     directory.mkdir(parents=True, exist_ok=True)
     learn, _ = trace.split(learn_fraction)
     _, curves = learn_from_trace(learn)

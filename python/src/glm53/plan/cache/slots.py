@@ -81,7 +81,7 @@ def _check_layers(
     if tuple(stats_layers) != tuple(moe_layers):
         raise BadInput(
             f"{what} covers layers {_short(stats_layers)}, the model's MoE layers are {_short(moe_layers)}",
-            hint="record the statistics with this model",
+            fix="record the statistics with this model",
         )
     if experts != n_experts:
         raise BadInput(f"{what} has {experts} experts per layer, the model has {n_experts}")

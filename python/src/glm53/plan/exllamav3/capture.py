@@ -143,7 +143,7 @@ def load_capture(path: Path) -> Exl3Capture:
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: not a readable {CAPTURE_FORMAT} file ({exc})") from exc
     if not isinstance(header, dict) or header.get("format") != CAPTURE_FORMAT:
-        raise BadInput(f"{path}: not a {CAPTURE_FORMAT} file", hint="write one with tools/exl3-routing-capture.py")
+        raise BadInput(f"{path}: not a {CAPTURE_FORMAT} file", fix="write one with tools/exl3-routing-capture.py")
     if header.get("version") != CAPTURE_VERSION:
         raise BadInput(f"{path}: {CAPTURE_FORMAT} version {header.get('version')!r}, this reads {CAPTURE_VERSION}")
     try:

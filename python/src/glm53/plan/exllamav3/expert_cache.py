@@ -77,7 +77,7 @@ def check_pinned_fraction(value: float, *, flag: str = "--pinned-fraction") -> f
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
         raise BadInput(
             f"{flag} {value:g} is not a share of the slots",
-            hint=f"give a value from 0 (plain LRU) to 1 (every slot pinned), e.g. {flag} {RECIPE_PINNED_FRACTION}",
+            fix=f"give a value from 0 (plain LRU) to 1 (every slot pinned), e.g. {flag} {RECIPE_PINNED_FRACTION}",
         )
     return value
 
@@ -108,7 +108,7 @@ def size_cache(
         raise BadInput(
             f"{flag} {cache_bytes_per_gpu / 2**30:.2f} GiB does not fit the cache: {per_gpu} MoE layers a GPU x "
             f"{staging} staging slots x {slot / 2**20:.2f} MiB need {need / 2**30:.2f} GiB before any resident slot",
-            hint=f"give {flag} at least {math.ceil(need / 2**30)}GiB, or more --gpus",
+            fix=f"give {flag} at least {math.ceil(need / 2**30)}GiB, or more --gpus",
         )
     return CacheSize(
         gpus=gpus,
@@ -136,7 +136,7 @@ def check_trace_matches(trace: RoutingTrace, facts: ModelFacts, *, source: str) 
     if problems:
         raise BadInput(
             f"{source} is not a routing capture of {facts.name}: " + "; ".join(problems),
-            hint="capture the routing of this model (glm53 serve --capture-routing DIR), or synthesize one "
+            fix="capture the routing of this model (glm53 serve --capture-routing DIR), or synthesize one "
             "(glm53 plan trace synth)",
         )
 
@@ -222,7 +222,7 @@ def _family_rates(recommendation: Recommendation, trace: RoutingTrace, fraction:
     return rates
 
 
-class CachePlan(BaseModel):
+class ExpertCachePlan(BaseModel):
     """`glm53 plan expert-cache`'s report."""
 
     model_config = ConfigDict(frozen=True)
@@ -246,8 +246,8 @@ class CachePlan(BaseModel):
 
 __all__ = [
     "RECIPE_PINNED_FRACTION",
-    "CachePlan",
     "CacheSize",
+    "ExpertCachePlan",
     "PinnedChoice",
     "check_pinned_fraction",
     "check_trace_matches",

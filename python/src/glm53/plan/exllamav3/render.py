@@ -9,7 +9,7 @@ from rich.table import Table
 from glm53.constants import format_gib
 from glm53.host.topology import format_cpu_list
 from glm53.plan.cache.render import render_recommendation
-from glm53.plan.exllamav3.expert_cache import CachePlan
+from glm53.plan.exllamav3.expert_cache import ExpertCachePlan
 from glm53.plan.exllamav3.split import Exl3Plan
 
 
@@ -98,7 +98,7 @@ def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
     console.print(table)
 
 
-def render_expert_cache(plan: CachePlan, console: Console) -> None:
+def render_expert_cache(plan: ExpertCachePlan, console: Console) -> None:
     size = plan.size
     table = Table(title=f"GPU expert cache for {plan.model} ({size.gpus} GPUs, {size.layers_per_gpu} MoE layers each)")
     table.add_column("per MoE layer")

@@ -204,7 +204,7 @@ def parse_cache_mode(value: str) -> tuple[int, int]:
     parts = [part.strip() for part in text.split(",")]
     if len(parts) == 2 and all(part.isdigit() and 2 <= int(part) <= 8 for part in parts):
         return (int(parts[0]), int(parts[1]))
-    raise BadInput(f"CACHE_MODE={value!r} is not a cache mode", hint="FP16, Q8, Q6, Q4 or two bit widths like 8,6")
+    raise BadInput(f"CACHE_MODE={value!r} is not a cache mode", fix="FP16, Q8, Q6, Q4 or two bit widths like 8,6")
 
 
 def kv_bytes_per_token(model: ModelFacts, bits: tuple[int, int]) -> int:
@@ -446,12 +446,12 @@ def _cache_size(model: ModelFacts, shape: Exl3Shape) -> int:
     if cache_size < shape.max_model_len:
         raise BadInput(
             f"CACHE_SIZE={cache_size} is below MAX_MODEL_LEN={shape.max_model_len}",
-            hint="TabbyAPI needs a cache at least as long as the context: raise CACHE_SIZE or leave it empty",
+            fix="TabbyAPI needs a cache at least as long as the context: raise CACHE_SIZE or leave it empty",
         )
     if shape.max_model_len > model.max_position_embeddings:
         raise BadInput(
             f"MAX_MODEL_LEN={shape.max_model_len:,} is beyond the model's {model.max_position_embeddings:,} positions",
-            hint=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
+            fix=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
         )
     return cache_size
 
@@ -762,12 +762,12 @@ def check_counts(model: ModelFacts, counts: dict[int, Sequence[float]]) -> None:
             raise BadInput(
                 f"routing statistics name layer {layer}, not a MoE layer of {model.name} "
                 f"({model.moe_layers[0]}-{model.moe_layers[-1]})",
-                hint="collect the statistics on this model",
+                fix="collect the statistics on this model",
             )
         if len(row) != model.n_routed_experts:
             raise BadInput(
                 f"routing statistics for layer {layer} have {len(row)} experts, the model {model.n_routed_experts}",
-                hint="collect the statistics on this model",
+                fix="collect the statistics on this model",
             )
 
 
@@ -887,7 +887,7 @@ def plan_exl3_for_host(
         if not found:
             raise Unavailable(
                 "no NVIDIA GPU found on this machine",
-                hint="plan for another machine with --rig NAME|FILE (glm53 plan host --help lists the packaged rigs)",
+                fix="plan for another machine with --rig NAME|FILE (glm53 plan host --help lists the packaged rigs)",
             )
         memory = host.require_memory()
         topology = host.require_topology()

@@ -50,15 +50,15 @@ def gpus_from_sizes(gpu_memory: str | None, gpus: int | None, gpu: str | None) -
             raise BadInput("give either --gpu-memory or --gpus with --gpu, not both")
         sizes = [parse_size(part, flag="--gpu-memory", positive=True) for part in gpu_memory.split(",") if part.strip()]
         if not sizes:
-            raise BadInput("--gpu-memory is empty", hint="e.g. --gpu-memory 24GiB,24GiB")
+            raise BadInput("--gpu-memory is empty", fix="e.g. --gpu-memory 24GiB,24GiB")
         if len(sizes) > MAX_GPUS:
             raise BadInput(f"--gpu-memory lists {len(sizes):,} GPUs, more than {MAX_GPUS} on one host")
         return [GpuSpec(index=i, total_bytes=size) for i, size in enumerate(sizes)]
     if gpu is not None or gpus is not None:
         if gpu is None:
-            raise BadInput("--gpus needs --gpu SIZE (memory of each GPU)", hint="e.g. --gpus 2 --gpu 24GiB")
+            raise BadInput("--gpus needs --gpu SIZE (memory of each GPU)", fix="e.g. --gpus 2 --gpu 24GiB")
         size = parse_size(gpu, flag="--gpu", positive=True)
         if (gpus or 1) > MAX_GPUS:
-            raise BadInput(f"--gpus {gpus:,}: more than {MAX_GPUS} GPUs on one host", hint="e.g. --gpus 2 --gpu 24GiB")
+            raise BadInput(f"--gpus {gpus:,}: more than {MAX_GPUS} GPUs on one host", fix="e.g. --gpus 2 --gpu 24GiB")
         return [GpuSpec(index=i, total_bytes=size) for i in range(gpus or 1)]
     return None

@@ -11,7 +11,7 @@ class Infeasible(CheckFailed):
     """The request cannot be planned on this host; names the binding constraint and the smallest fix."""
 
     def __init__(self, message: str, *, constraint: str, fix: str) -> None:
-        super().__init__(f"infeasible: {message}", hint=fix)
+        super().__init__(f"infeasible: {message}", fix=fix)
         self.constraint = constraint
 
 

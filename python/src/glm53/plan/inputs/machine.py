@@ -87,7 +87,7 @@ def parse_cpus(text: str) -> CpuLayout:
     if match is None:
         raise BadInput(
             f"--cpus {text[:40]!r} is not CORESc with an optional SOCKETSx prefix, xTHREADSt suffix and /CORES_PER_L3",
-            hint="e.g. --cpus 32cx2t/8 (32 cores, 2 threads each, 8 cores per L3), --cpus 16c or --cpus 2x64cx2t",
+            fix="e.g. --cpus 32cx2t/8 (32 cores, 2 threads each, 8 cores per L3), --cpus 16c or --cpus 2x64cx2t",
         )
     sockets, cores, threads, l3 = match.groups()
     try:
@@ -99,10 +99,10 @@ def parse_cpus(text: str) -> CpuLayout:
         )
     except ValidationError as exc:
         problem = exc.errors()[0]
-        raise BadInput(f"--cpus {text!r}: {problem['msg']}", hint="e.g. --cpus 32cx2t/8") from exc
+        raise BadInput(f"--cpus {text!r}: {problem['msg']}", fix="e.g. --cpus 32cx2t/8") from exc
 
 
-class Target(BaseModel):
+class Machine(BaseModel):
     """What the plan is for, where it differs from this machine."""
 
     model_config = ConfigDict(frozen=True)
@@ -171,12 +171,12 @@ class Target(BaseModel):
         return "; ".join(parts)
 
 
-def target_from_options(rig: str | None, ram: str | None, cpus: str | None) -> Target:
-    return Target(
+def target_from_options(rig: str | None, ram: str | None, cpus: str | None) -> Machine:
+    return Machine(
         rig=load_rig(rig) if rig is not None else None,
         ram_bytes=parse_size(ram, flag="--ram", positive=True) if ram is not None else None,
         cpus=parse_cpus(cpus) if cpus is not None else None,
     )
 
 
-__all__ = ["CpuLayout", "Target", "parse_cpus", "target_from_options"]
+__all__ = ["CpuLayout", "Machine", "parse_cpus", "target_from_options"]

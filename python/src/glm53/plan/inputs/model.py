@@ -63,7 +63,7 @@ class ExpertTensor(_Frozen):
             raise BadInput(
                 f"expert tensor {self.name} {list(self.shape)} cannot be split over {tp} ranks "
                 f"(dimension {split_dim} is {self.shape[split_dim]})",
-                hint="choose a tensor-parallel size that divides the expert's intermediate size",
+                fix="choose a tensor-parallel size that divides the expert's intermediate size",
             )
         return self.nbytes // tp
 
@@ -144,14 +144,14 @@ def load_architecture(name: str = DEFAULT_ARCHITECTURE) -> ModelFacts:
     folder = resources.files("glm53").joinpath("data/architectures")
     known = sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
     if name not in known:
-        raise BadInput(f"unknown architecture {name!r}", hint=f"known: {', '.join(known)}")
+        raise BadInput(f"unknown architecture {name!r}", fix=f"known: {', '.join(known)}")
     source = folder.joinpath(f"{name}.json")
     what = f"architecture data {name}"
     data = read_json(source, what=what) if isinstance(source, Path) else parse_json(source.read_bytes(), what=what)
     try:
         return ModelFacts.model_validate(data)
     except ValidationError as exc:
-        raise invalid_document(exc, what, hint="reinstall glm53: its packaged data is damaged") from exc
+        raise invalid_document(exc, what, fix="reinstall glm53: its packaged data is damaged") from exc
 
 
 # Layer and expert counts bound loops and sets over them: a config with 10**20 layers is refused, not iterated.
@@ -163,7 +163,7 @@ def _int_field(config: dict[str, Any], key: str, path: Path, default: int | None
     if not isinstance(value, int) or isinstance(value, bool):
         raise BadInput(
             f"model config {path}: field text_config.{key} is missing or not an integer",
-            hint="is this a GLM-5.3 config.json?",
+            fix="is this a GLM-5.3 config.json?",
         )
     limit = _INT_LIMITS.get(key, 1 << 40)
     if not 0 <= value <= limit:
@@ -220,7 +220,7 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise BadInput(f"no *.safetensors files in {model_dir}", hint="point --model-dir at the checkpoint directory")
+        raise BadInput(f"no *.safetensors files in {model_dir}", fix="point --model-dir at the checkpoint directory")
     layouts: dict[int, dict[int, list[ExpertTensor]]] = {}
     replicated = sharded = mtp = total = 0
     for file in files:
@@ -246,7 +246,7 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
         raise BadInput(
             f"model config {config_path}: no MoE layers (first_k_dense_replace {first_dense} of "
             f"{layers} layers, {experts} routed experts)",
-            hint="is this a GLM-5.3 config.json?",
+            fix="is this a GLM-5.3 config.json?",
         )
     reference: tuple[ExpertTensor, ...] | None = None
     for layer in moe_layers:
@@ -254,14 +254,14 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
         if not found:
             raise BadInput(
                 f"{model_dir}: MoE layer {layer} has no routed expert tensors",
-                hint="the checkpoint is incomplete; verify it with `glm53 model verify`",
+                fix="the checkpoint is incomplete; verify it with `glm53 model verify`",
             )
         missing = sorted(set(range(experts)) - set(found))
         if missing:
             raise BadInput(
                 f"{model_dir}: layer {layer} lacks routed experts {missing[:8]}"
                 f"{' ...' if len(missing) > 8 else ''} of {experts}",
-                hint="the checkpoint is incomplete; verify it with `glm53 model verify`",
+                fix="the checkpoint is incomplete; verify it with `glm53 model verify`",
             )
         for expert, tensors in sorted(found.items()):
             layout = tuple(sorted(tensors, key=lambda t: t.name))
@@ -271,7 +271,7 @@ def read_checkpoint_facts(model_dir: Path) -> ModelFacts:
                 raise BadInput(
                     f"{model_dir}: expert {expert} of layer {layer} is laid out differently "
                     "from the other routed experts",
-                    hint="the planner needs one size per expert slot; re-quantize the experts uniformly",
+                    fix="the planner needs one size per expert slot; re-quantize the experts uniformly",
                 )
     assert reference is not None
     bits = quant.get("bits") if isinstance(quant, dict) else None

@@ -53,7 +53,7 @@ def _recipe(field: str) -> Callable[[], Any]:
             return None
         raise BadInput(
             f"profile {DEFAULT_PROFILE} leaves {key} empty: the planner takes its default from there",
-            hint=f"set {key} in data/profiles/{DEFAULT_PROFILE}.env",
+            fix=f"set {key} in data/profiles/{DEFAULT_PROFILE}.env",
         )
 
     return default
@@ -140,7 +140,7 @@ def shape_from_profile(profile: object) -> ServingShape:
         field = str(error["loc"][0]) if error["loc"] else ""
         raise BadInput(
             f"profile value {PROFILE_KEYS.get(field, field.upper())}={error.get('input')!r}: {error['msg']}",
-            hint="fix that value of the profile (or give the flag over it)",
+            fix="fix that value of the profile (or give the flag over it)",
         ) from exc
 
 

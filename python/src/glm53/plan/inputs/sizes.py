@@ -33,12 +33,12 @@ def parse_size(text: str, *, flag: str, positive: bool = False) -> int:
     match = _SIZE.match(text)
     unit = (match.group(2) or "").upper() if match else ""
     if match is None or unit not in _UNITS:
-        raise BadInput(f"{flag}: {text[:40]!r} is not a size", hint="write e.g. 24GiB, 24576MiB or 25769803776")
+        raise BadInput(f"{flag}: {text[:40]!r} is not a size", fix="write e.g. 24GiB, 24576MiB or 25769803776")
     size = int(Decimal(match.group(1)) * _UNITS[unit])
     if size > MAX_SIZE:
         raise BadInput(f"{flag}: {text!r} is larger than any memory ({MAX_SIZE:,} bytes at most)")
     if positive and size <= 0:
-        raise BadInput(f"{flag}: {text!r} is no memory at all", hint="give a size above zero, e.g. 24GiB")
+        raise BadInput(f"{flag}: {text!r} is no memory at all", fix="give a size above zero, e.g. 24GiB")
     return size
 
 

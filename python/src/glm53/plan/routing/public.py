@@ -65,7 +65,7 @@ class ImportedTrace:
 
 
 def _bad(path: Path, line: int, problem: str) -> BadInput:
-    return BadInput(f"routing capture {path}, line {line}: {problem}", hint=_HINT)
+    return BadInput(f"routing capture {path}, line {line}: {problem}", fix=_HINT)
 
 
 def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
@@ -111,7 +111,7 @@ def _sequence_name(path: Path, line: int, record: dict[str, Any], keys: tuple[st
 def detect_format(path: Path, first: Any, line: int) -> ImportFormat:
     if isinstance(first, dict):
         if first.get("format") == TRACE_FORMAT:
-            raise BadInput(f"{path} is already a glm53 routing trace: nothing to import", hint="use it as it is")
+            raise BadInput(f"{path} is already a glm53 routing trace: nothing to import", fix="use it as it is")
         if first.get("type") == "meta":
             return "vllm-moe-log"
         if "layer" in first and "experts" in first:
@@ -133,10 +133,10 @@ def import_trace(
     data = read_bytes_bounded(path, what="routing capture", max_bytes=MAX_TRACE_BYTES)
     lines = list(_lines(data))
     if not lines:
-        raise BadInput(f"routing capture {path} is empty", hint=_HINT)
+        raise BadInput(f"routing capture {path} is empty", fix=_HINT)
 
     def record_at(number: int, raw: bytes) -> dict[str, Any]:
-        value = parse_json(raw, what=f"routing capture {path}, line {number}", hint=_HINT)
+        value = parse_json(raw, what=f"routing capture {path}, line {number}", fix=_HINT)
         if not isinstance(value, dict):
             raise _bad(path, number, "each line must be a JSON object")
         return value
@@ -184,7 +184,7 @@ def import_trace(
         step[layer] = (number, ids)
         largest = max(largest, *ids)
     if top_k is None:
-        raise BadInput(f"routing capture {path} has no routing records", hint=_HINT)
+        raise BadInput(f"routing capture {path} has no routing records", fix=_HINT)
     count = experts if experts is not None else declared_experts
     experts_source = "given" if experts is not None else "the meta record" if declared_experts else "inferred"
     if count is None:
@@ -193,7 +193,7 @@ def import_trace(
         line_of = next(number for step in steps.values() for number, ids in step.values() if max(ids) >= count)
         raise _bad(path, line_of, f"expert id {largest} is not below the expert count {count} ({experts_source})")
     if top_k > count:
-        raise BadInput(f"routing capture {path}: top-{top_k} of only {count} experts", hint=_HINT)
+        raise BadInput(f"routing capture {path}: top-{top_k} of only {count} experts", fix=_HINT)
     layers = sorted({layer for step in steps.values() for layer in step})
     complete = [key for key in sorted(steps) if len(steps[key]) == len(layers)]
     dropped = len(steps) - len(complete)
@@ -209,7 +209,7 @@ def import_trace(
         )
     if skip_steps >= len(complete):
         raise BadInput(
-            f"routing capture {path}: skipping {skip_steps:,} steps leaves none of its {len(complete):,}", hint=_HINT
+            f"routing capture {path}: skipping {skip_steps:,} steps leaves none of its {len(complete):,}", fix=_HINT
         )
     complete = complete[skip_steps:]
     routes = np.array([[steps[key][layer][1] for layer in layers] for key in complete], dtype=np.int16)

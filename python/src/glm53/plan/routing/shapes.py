@@ -201,7 +201,7 @@ def make_shape(
 ) -> RoutingTrace:
     """The trace of a named shape (see the module's docstring)."""
     if name not in SHAPES:
-        raise BadInput(f"unknown trace shape {name!r}", hint="one of: " + ", ".join(SHAPES))
+        raise BadInput(f"unknown trace shape {name!r}", fix="one of: " + ", ".join(SHAPES))
     base = {"layers": tuple(layers), "experts": experts, "top_k": top_k, "steps": steps, "seed": seed}
     if name == "stationary-0.5":
         return synthesize_trace(SyntheticTraceSpec(**base, locality=0.5))

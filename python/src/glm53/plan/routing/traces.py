@@ -147,7 +147,7 @@ class RoutingCounts(BaseModel):
 
 
 def _bad_trace(path: Path, line: int, problem: str) -> BadInput:
-    return BadInput(f"routing trace {path}, line {line}: {problem}", hint=_TRACE_HINT)
+    return BadInput(f"routing trace {path}, line {line}: {problem}", fix=_TRACE_HINT)
 
 
 def read_trace(path: Path) -> RoutingTrace:
@@ -239,11 +239,11 @@ def _check_npy_header(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInf
 
 
 def _bad_binary(path: Path, problem: str) -> BadInput:
-    return BadInput(f"routing trace {path} (binary): {problem}", hint=_TRACE_HINT)
+    return BadInput(f"routing trace {path} (binary): {problem}", fix=_TRACE_HINT)
 
 
 def _parse_header(path: Path, first: bytes) -> TraceHeader:
-    raw = parse_json(first, what=f"routing trace {path}, line 1", hint=_TRACE_HINT)
+    raw = parse_json(first, what=f"routing trace {path}, line 1", fix=_TRACE_HINT)
     try:
         header = TraceHeader.model_validate(raw)
     except ValidationError as exc:
@@ -277,7 +277,7 @@ def _step_row(path: Path, number: int, raw: bytes, header: TraceHeader) -> NDArr
     """One step line as a (layers, top_k) array of valid expert ids; every problem names this line."""
     import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
 
-    record = parse_json(raw, what=f"routing trace {path}, line {number}", hint=_TRACE_HINT)
+    record = parse_json(raw, what=f"routing trace {path}, line {number}", fix=_TRACE_HINT)
     experts = record.get("experts") if isinstance(record, dict) else None
     if not isinstance(experts, list):
         raise _bad_trace(path, number, 'expected {"step": N, "experts": [[...], ...]}')
@@ -352,11 +352,11 @@ def read_counts(path: Path) -> RoutingCounts:
 
 
 def _parse_counts(path: Path, data: bytes) -> RoutingCounts:
-    raw = parse_json(data, what=f"routing counts {path}", hint="see docs/plan.md for the counts format")
+    raw = parse_json(data, what=f"routing counts {path}", fix="see docs/plan.md for the counts format")
     try:
         counts = RoutingCounts.model_validate(raw)
     except ValidationError as exc:
-        raise invalid_document(exc, f"routing counts {path}", hint="see docs/plan.md for the counts format") from exc
+        raise invalid_document(exc, f"routing counts {path}", fix="see docs/plan.md for the counts format") from exc
     if counts.format != COUNTS_FORMAT:
         raise BadInput(f"routing counts {path}: format {counts.format!r} is not {COUNTS_FORMAT!r}")
     for layer, values in counts.layers.items():
@@ -390,7 +390,7 @@ def parse_layers(text: str, *, flag: str = "--layers") -> tuple[int, ...]:
     """MoE layer ids in the kernel's list format, e.g. 3-44 or 3,5,7-9."""
     layers = parse_cpu_list(text, what=flag)
     if not layers:
-        raise BadInput(f"{flag} is empty", hint=f"e.g. {flag} 3-44")
+        raise BadInput(f"{flag} is empty", fix=f"e.g. {flag} 3-44")
     return layers
 
 
@@ -458,7 +458,7 @@ def synthesize_trace(spec: SyntheticTraceSpec) -> RoutingTrace:
         raise BadInput(
             f"{spec.steps:,} steps x {len(spec.layers)} layers x top-{spec.top_k} of {spec.experts} experts is "
             f"too large to synthesize (at most {MAX_SYNTH_IDS:,} ids and {MAX_SYNTH_KEYS:,} steps x experts)",
-            hint="use fewer --steps",
+            fix="use fewer --steps",
         )
     rng = np.random.default_rng(spec.seed)
     routes = np.empty((spec.steps, len(spec.layers), spec.top_k), dtype=np.int16)

@@ -41,7 +41,7 @@ from glm53.plan.inputs.shape import ServingShape, shape_from_profile
 from glm53.plan.routing.traces import RoutingCounts, RoutingTrace, read_routing_stats
 
 if TYPE_CHECKING:
-    from glm53.plan.inputs.machine import Target
+    from glm53.plan.inputs.machine import Machine
 
 PLAN_FORMAT = "glm53-plan"
 PLAN_VERSION = 1
@@ -285,7 +285,7 @@ def _check_request(model: ModelFacts, gpus: list[GpuSpec], shape: ServingShape) 
     if shape.max_model_len > model.max_position_embeddings:
         raise BadInput(
             f"MAX_MODEL_LEN {shape.max_model_len:,} exceeds the model's {model.max_position_embeddings:,} positions",
-            hint=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
+            fix=f"set MAX_MODEL_LEN to at most {model.max_position_embeddings}",
         )
 
 
@@ -295,7 +295,7 @@ def _check_trace_top_k(model: ModelFacts, stats: RoutingTrace | RoutingCounts | 
             f"routing trace {source or '(given)'} was recorded with top_k {stats.top_k}, "
             f"the model routes each token to {model.num_experts_per_tok} experts (top_k "
             f"{model.num_experts_per_tok})",
-            hint="record the trace with this model, or give routing counts instead",
+            fix="record the trace with this model, or give routing counts instead",
         )
 
 
@@ -381,14 +381,14 @@ def plan_for_host(
     bandwidth_path: Path | None = None,
     root: Path = Path("/"),
     learn_fraction: float = 0.8,
-    target: Target | None = None,
+    target: Machine | None = None,
 ) -> Plan:
     """Read every fact from this machine (under `root`) and the files named, then plan; `target` (a rig,
     --ram, --cpus) replaces the parts of this machine it describes, `gpus` its GPUs."""
     if model_dir is not None and (missing := missing_directory(model_dir)) is not None:
         raise BadInput(
             f"--model-dir {model_dir} {missing}",
-            hint=f"{GET_THE_CHECKPOINT}; without --model-dir the plan uses the published model facts",
+            fix=f"{GET_THE_CHECKPOINT}; without --model-dir the plan uses the published model facts",
         )
     host = read_host_facts(root, engine_libraries=None)
     if target is not None:
@@ -398,7 +398,7 @@ def plan_for_host(
     if not found:
         raise Unavailable(
             "no NVIDIA GPU found on this machine",
-            hint="plan for the recipe's rig with --rig recipe-2x3090, or describe the GPUs with "
+            fix="plan for the recipe's rig with --rig recipe-2x3090, or describe the GPUs with "
             "--gpu-memory 24GiB,24GiB (and the target's --ram and --cpus)",
         )
     stats = read_routing_stats(stats_path) if stats_path is not None else None
@@ -416,8 +416,8 @@ def plan_for_host(
     except Infeasible as exc:
         if exc.constraint == "host memory" and (target is None or target.ram() is None):
             # This machine's RAM was used: say how to plan for the one the GPUs are in.
-            exc.hint = (
-                f"{exc.hint}; this is this machine's RAM: to plan for another machine, give its --ram (and "
+            exc.fix = (
+                f"{exc.fix}; this is this machine's RAM: to plan for another machine, give its --ram (and "
                 "--cpus), or --rig recipe-2x3090 for the recipe's"
             )
         raise

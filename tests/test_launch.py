@@ -171,7 +171,8 @@ def test_exec_replaces_the_process_with_env_affinity_and_key(tmp_path: Path) -> 
     script = textwrap.dedent(f"""
         import os, sys
         from pathlib import Path
-        from glm53.serve.exec import exec_launch, read_api_key
+        from glm53.serve.engines import exec_launch
+        from glm53.serve.exec import read_api_key
         from glm53.serve.launch import LaunchSpec
         spec = LaunchSpec(profile="cpu-tiny", argv=[sys.executable, "-c", {probe!r}, "serve", "--port", "1"],
                           env={{"VLLM_CPU_KVCACHE_SPACE": "1"}}, origins={{}}, cpu_affinity=[{cpus[0]}],

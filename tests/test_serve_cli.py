@@ -24,12 +24,12 @@ RECIPE = json.loads((Path(__file__).parent / "fixtures" / "serve" / "recipe-laun
 @pytest.fixture(autouse=True)
 def never_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests expect serve to stop before exec; if it ever got that far, fail instead of replacing pytest."""
-    import glm53.serve.exec
+    import glm53.serve.engines
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("serve reached exec in a test that expected it to stop before")
 
-    monkeypatch.setattr(glm53.serve.exec, "exec_launch", refuse)
+    monkeypatch.setattr(glm53.serve.engines, "exec_launch", refuse)
 
 
 def _locked_dir(tmp_path: Path) -> Path:

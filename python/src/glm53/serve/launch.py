@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.errors import BadInput
+from glm53.recipe.engine import Engine
 from glm53.recipe.profiles import BUILTIN_CHAT_TEMPLATE, FLAG_SPECS, KEYS, Profile
 from glm53.serve.chat_template import bounded_template_path
 
@@ -54,7 +55,7 @@ class LaunchSpec(BaseModel):
     api_key: bool = False
     # The engine started; exllamav3 (TabbyAPI) runs in `cwd` and reads `files` written there first
     # (name -> content; the API key file is written at start and never shown).
-    engine: str = "vllm"
+    engine: Engine = "vllm"
     cwd: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
 

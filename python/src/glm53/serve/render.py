@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from glm53.host.topology import format_cpu_list
+from glm53.serve.engines import engine_of
 from glm53.serve.resolve import Launch
 from glm53.serve.start import DryRun
 
@@ -18,8 +19,10 @@ def render_dry_run(console: Console, result: DryRun) -> None:
     console.print("[bold]# environment[/bold] (exported on top of the current one)", highlight=False)
     for key, value in spec.env.items():
         console.print(f"{key}={shlex.quote(value)}  [dim]# {spec.origins.get(key, '')}[/dim]", highlight=False)
-    if spec.api_key and spec.engine == "vllm":
-        console.print("VLLM_API_KEY=<from --api-key-file, not shown>", highlight=False)
+    engine = engine_of(spec.engine)
+    key_in_env, key_in_file = engine.api_key_lines(spec)
+    if key_in_env:
+        console.print(key_in_env, highlight=False)
     if spec.cpu_affinity:
         console.print(f"[bold]# CPU affinity[/bold] {format_cpu_list(spec.cpu_affinity)}", highlight=False)
     for name, text in spec.files.items():
@@ -29,8 +32,8 @@ def render_dry_run(console: Console, result: DryRun) -> None:
         for key, origin in spec.origins.items():
             if key.startswith("config "):
                 console.print(f"{key.removeprefix('config ')}  [dim]# {origin}[/dim]", highlight=False)
-    if spec.api_key and spec.engine == "exllamav3":
-        console.print(f"[bold]# {spec.cwd}/api_tokens.yml[/bold] <from --api-key-file, not shown>", highlight=False)
+    if key_in_file:
+        console.print(f"[bold]# {key_in_file}[/bold] <from --api-key-file, not shown>", highlight=False)
     if spec.cwd:
         console.print(f"[bold]# working directory[/bold] {spec.cwd}", highlight=False)
     console.print("[bold]# command[/bold]", highlight=False)
@@ -53,20 +56,7 @@ def render_dry_run(console: Console, result: DryRun) -> None:
         )
     else:
         console.print(f"host plan: {plan.detail}", highlight=False)
-    check = result.flag_check
-    if spec.engine == "exllamav3":
-        if check.checked:
-            console.print(f"config: accepted by {check.vllm_version}'s schema", highlight=False)
-        else:
-            console.print(f"config: not checked ({check.reason})", highlight=False)
-        return
-    if check.checked:
-        console.print(
-            f"flags: accepted by {check.vllm_version}'s serve parser" + (" (cached)" if check.cached else ""),
-            highlight=False,
-        )
-    else:
-        console.print(f"flags: not checked ({check.reason})", highlight=False)
+    console.print(engine.check_line(result.flag_check), highlight=False)
 
 
 def _argv_lines(argv: list[str]) -> list[str]:

@@ -14,22 +14,16 @@ would plan: a dry run shows it, a real start stops (Unavailable, exit 3).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from glm53.checkpoint.model_spec import load_model_spec, read_checkpoint_config
-from glm53.constants import DEFAULT_HOST, DEFAULT_PORT, GIB
+from glm53.constants import DEFAULT_HOST, DEFAULT_PORT
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
-from glm53.host.native_libs import find_system_library, read_loader_view
-from glm53.host.rig import load_rig
 from glm53.host.topology import parse_cpu_list
-from glm53.plan.exllamav3.split import Exl3Plan, plan_exl3_for_host
-from glm53.plan.vllm.env import PLANNED_KEYS, PLANNED_KEYS_EXL3, plan_serving_env
 from glm53.preflight.doctor import requirements_for
 from glm53.recipe.profiles import (
     DEFAULT_PROFILE,
@@ -42,14 +36,13 @@ from glm53.recipe.profiles import (
     read_env_file,
     unknown_key_error,
 )
+from glm53.serve.engines import SERVE_ENGINES, engine_of
+from glm53.serve.engines.base import PLAN_THIS_HOST, LaunchInputs, PlanLayer
 from glm53.serve.exec import api_key_file_warning, read_api_key
-from glm53.serve.flags import vllm_command
-from glm53.serve.launch import LaunchSpec, PlanInput, build_launch, is_loopback
-from glm53.serve.tabby import build_tabby_launch
+from glm53.serve.launch import LaunchSpec, PlanInput, is_loopback
 
 # Where a dry run without --model-dir shows the checkpoint (the image mounts it there).
 PLACEHOLDER_MODEL_DIR = "/model"
-PLAN_THIS_HOST = "plan (this host)"
 
 
 class ServeRequest(BaseModel):
@@ -120,8 +113,7 @@ class ProfileCheck(BaseModel):
 
 # What a planner writes besides profile keys, per engine: vLLM's serving CPUs; ExLlamaV3's plan is all profile keys.
 PLAN_ONLY_KEYS: dict[str, frozenset[str]] = {
-    "vllm": frozenset(k for k in PLANNED_KEYS if k not in KEYS),
-    "exllamav3": frozenset(k for k in PLANNED_KEYS_EXL3 if k not in KEYS),
+    name: frozenset(k for k in engine.planned_keys if k not in KEYS) for name, engine in SERVE_ENGINES.items()
 }
 
 
@@ -158,69 +150,12 @@ def read_plan(path: Path, engine: str | None = None) -> tuple[list[tuple[str, st
     return values, PlanInput(env=others, cpu_affinity=affinity)
 
 
-PlanLayer = tuple[list[tuple[str, str, str]], PlanInput]
-
-
 def plan_on_this_host(
     profile: Profile, model_dir: Path | None, *, root: Path = Path("/"), rig: str | None = None
 ) -> PlanLayer:
     """Plan the expert pools for this host (or the rig named) and profile; the values layer over the profile
     exactly as a `glm53 plan host --env` file would. GPUs come from NVML; Unavailable when there is none."""
-    if profile.engine == "exllamav3":
-        exl3 = plan_exl3_for_host(
-            profile, model_dir=model_dir, root=root, rig=load_rig(rig) if rig is not None else None
-        )
-        where = f"plan (rig {rig})" if rig is not None else PLAN_THIS_HOST
-        values = [(key, value, f"{where}: {exl3.origins[key]}") for key, value in exl3.env.items()]
-        cpus = sorted(set(exl3.main_cpus) | set(exl3.cpu_pool))
-        return values, PlanInput(env={}, cpu_affinity=cpus or None, summary=exl3_summary(exl3))
-    if rig is not None:
-        raise BadInput(
-            f"--rig plans exllamav3 profiles; {profile.name} runs on vllm",
-            fix="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
-        )
-
-    env, affinity = plan_serving_env(profile, model_dir=model_dir, root=root)
-    values = [(key, value, PLAN_THIS_HOST) for key, value in env.items() if key in KEYS]
-    others = {key: value for key, value in env.items() if key not in KEYS}
-    return values, PlanInput(env=others, cpu_affinity=list(affinity) or None)
-
-
-def exl3_summary(plan: object) -> str:
-    """One line of an Exl3Plan: where the layers and experts go, and the predicted decode rate."""
-    assert isinstance(plan, Exl3Plan)
-    gpus = "; ".join(
-        f"GPU {g.index}: layers {g.layers[0]}-{g.layers[-1]}, {g.resident_experts} experts"
-        if g.layers
-        else f"GPU {g.index}: no layer"
-        for g in plan.gpus
-    )
-    return (
-        f"{plan.offload.reason}; {gpus}; host RAM {plan.host.cpu_expert_bytes / GIB:.1f} GiB of experts "
-        f"of a {plan.host.budget_bytes / GIB:.0f} GiB budget; predicted {plan.prediction.tokens_per_s:g} tok/s "
-        f"({plan.prediction.mode}, {plan.prediction.cpu_share:.0%} of selections on the CPU)"
-    )
-
-
-EXL3_SPEC = "glm53-flash-exl3"
-
-
-def check_exl3_checkpoint(model_dir: Path) -> None:
-    """An exl3 profile serves GLM-5.3-Flash in EXL3: a checkpoint of another family (its config.json's
-    model_type and quantization) would load into the wrong architecture, or fail late inside the engine."""
-    spec = load_model_spec(EXL3_SPEC)
-    config = read_checkpoint_config(model_dir)
-    if config is None:
-        raise BadInput(
-            f"--model-dir {model_dir} has no config.json", fix=f"{GET_THE_CHECKPOINT}; it must be the whole directory"
-        )
-    if not spec.match.fits(config):
-        raise BadInput(
-            f"--model-dir {model_dir}: config.json describes model_type {config.model_type!r} quantized by "
-            f"{config.quant_method!r}; the exl3 profiles serve {spec.description} (model_type "
-            f"{spec.match.model_type!r}, {spec.match.quant_method!r})",
-            fix=f"{GET_THE_CHECKPOINT}, or serve this model with a profile of its own engine",
-        )
+    return engine_of(profile.engine).plan_here(profile, model_dir, root=root, rig=rig)
 
 
 def _model_dir(req: ServeRequest, *, need_model: bool) -> Path | str:
@@ -255,22 +190,23 @@ def resolve_launch(
         return load_profile(req.profile, environ=environ, env_file=env_file, overrides=overrides, plan=plan_values)
 
     profile = layered([])
+    engine = engine_of(profile.engine)
     if req.rig is not None:  # refused here, not only where planning happens: a skipped plan would ignore it
-        if profile.engine != "exllamav3":
+        if not engine.plans_rigs:
             raise BadInput(
-                f"--rig plans exllamav3 profiles; {req.profile} runs on {profile.engine}",
+                f"--rig plans {_engines_that('plans_rigs')} profiles; {req.profile} runs on {profile.engine}",
                 fix="plan a vLLM profile for another machine with `glm53 plan host --gpu-memory ...`",
             )
         if req.plan_env is not None:
             raise BadInput("--rig and --plan-env both give the plan", fix="pass one of them")
-    if req.capture_routing is not None and profile.engine != "exllamav3":
+    if req.capture_routing is not None and not engine.captures_routing:
         raise BadInput(
             f"--capture-routing records ExLlamaV3's routing; {req.profile} runs on {profile.engine}",
             fix="serve an exl3-* profile to capture, or drop --capture-routing",
         )
     model_dir = _model_dir(req, need_model=need_model)
-    if profile.engine == "exllamav3" and isinstance(model_dir, Path) and model_dir.is_dir():
-        check_exl3_checkpoint(model_dir)
+    if isinstance(model_dir, Path):
+        engine.check_model_dir(model_dir)
     plan_values: list[tuple[str, str, str]] = []
     plan: PlanInput | None = None
     if req.plan_env is not None:
@@ -287,39 +223,24 @@ def resolve_launch(
     if plan_values:
         profile = layered(plan_values)
     api_key = read_api_key(req.api_key_file) if req.api_key_file is not None else None
-    if profile.engine == "exllamav3":
-        spec = build_tabby_launch(
-            profile,
-            model_dir=model_dir,
-            host=req.host,
-            port=req.port,
-            listen_all=req.listen_all,
-            plan=plan,
-            api_key=api_key is not None,
-            environ=environ,
-            python=sys.executable,
-            capture_routing=req.capture_routing,
-        )
-        return Launch(spec=spec, profile=profile, plan=status, warnings=_warnings(req, api_key), api_key=api_key)
-    host_env = _driver_env(environ) if plan_here and requirements_for(profile).gpus > 0 else {}
-    spec = build_launch(
-        profile,
+    given = LaunchInputs(
         model_dir=model_dir,
-        vllm_command=vllm_command(),
         host=req.host,
         port=req.port,
         listen_all=req.listen_all,
         plan=plan,
         api_key=api_key is not None,
+        environ=environ,
+        plan_here=plan_here,
+        capture_routing=req.capture_routing,
     )
-    if host_env:
-        spec = spec.model_copy(
-            update={
-                "env": {**spec.env, **{key: value for key, (value, _) in host_env.items()}},
-                "origins": {**spec.origins, **{key: origin for key, (_, origin) in host_env.items()}},
-            }
-        )
+    spec = engine.build(profile, given)
     return Launch(spec=spec, profile=profile, plan=status, warnings=_warnings(req, api_key), api_key=api_key)
+
+
+def _engines_that(capability: str) -> str:
+    """The engines with a capability, as a message names them ("exllamav3")."""
+    return " and ".join(name for name, engine in SERVE_ENGINES.items() if getattr(engine, capability))
 
 
 def _warnings(req: ServeRequest, api_key: str | None) -> list[str]:
@@ -334,21 +255,10 @@ def _warnings(req: ServeRequest, api_key: str | None) -> list[str]:
     return warnings
 
 
-def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-    """Triton finds libcuda through /sbin/ldconfig, which images and Nix hosts lack: point it at the driver's
-    library where this host's loader finds it, unless TRITON_LIBCUDA_PATH is set already."""
-    if environ.get("TRITON_LIBCUDA_PATH"):
-        return {}
-    found = find_system_library("libcuda.so.1", read_loader_view(environ))
-    if found is None:
-        return {}
-    return {"TRITON_LIBCUDA_PATH": (str(found.parent), f"this host ({found})")}
-
-
 def _plan_here(
     req: ServeRequest, profile: Profile, plan_here: bool
 ) -> tuple[PlanStatus, list[tuple[str, str, str]], PlanInput | None]:
-    planned = PLANNED_KEYS_EXL3 if profile.engine == "exllamav3" else PLANNED_KEYS
+    planned = engine_of(profile.engine).planned_keys
     if not plan_here:
         status = PlanStatus(source="not planned", detail="planned on the serving host at start", keys=list(planned))
         return status, [], None

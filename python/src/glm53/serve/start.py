@@ -1,7 +1,7 @@
 """Start a resolved launch, or show it: the two ends of `glm53 serve`.
 
     dry_run(request) -> DryRun      the launch a start would exec, each value with its origin; starts nothing
-    start(request, out) -> NoReturn  engine libraries, preflight (doctor's checks), vLLM's flag parser, exec
+    start(request, out) -> NoReturn  engine libraries, preflight (doctor's checks), the engine's own check, exec
 
 Both resolve the launch with `resolve_launch`, the same function and the same inputs, so the dry run's argv,
 environment and CPU affinity are what exec receives.
@@ -16,14 +16,13 @@ from pydantic import BaseModel
 
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
-from glm53.host.native_libs import require_engine_libraries
 from glm53.output import Output
 from glm53.preflight.doctor import load_limits, read_facts, requirements_for, run_checks
-from glm53.serve import exec as serve_exec
-from glm53.serve.flags import FlagCheck, check_flags
+from glm53.serve import engines
+from glm53.serve.engines import engine_of
+from glm53.serve.flags import FlagCheck
 from glm53.serve.launch import LaunchSpec
 from glm53.serve.resolve import PLACEHOLDER_MODEL_DIR, Launch, PlanStatus, ServeRequest, resolve_launch
-from glm53.serve.tabby_check import require_tabby_config, tabby_config_check
 
 # Doctor checks whose failure is a wrong flag or file of the request (exit 2); any other failure is the
 # host's (exit 3).
@@ -58,15 +57,8 @@ def dry_run(req: ServeRequest, out: Output) -> DryRun:
     launch = resolve_launch(req, need_model=False)
     for warning in [*model_dir_warnings(req), *launch.warnings]:
         out.warn(warning)
-    if launch.spec.engine == "exllamav3":
-        flags = (
-            tabby_config_check(launch.spec)
-            if not req.skip_flag_check
-            else FlagCheck(checked=False, vllm_version=None, reason="--skip-flag-check")
-        )
-        return describe(launch, flags)
     flags = (
-        check_flags(launch.spec.argv)
+        engine_of(launch.spec.engine).check(launch.spec)
         if not req.skip_flag_check
         else FlagCheck(checked=False, vllm_version=None, reason="--skip-flag-check")
     )
@@ -118,8 +110,8 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
         )
     # Planning impossible is reported after preflight, so that one run names every problem of the host.
     launch = resolve_launch(req)
-    if launch.spec.engine == "vllm":
-        require_engine_libraries()
+    engine = engine_of(launch.spec.engine)
+    engine.before_preflight(launch.spec)
     for warning in launch.warnings:
         out.warn(warning)
     if not req.skip_preflight:
@@ -131,18 +123,10 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
         )
     if launch.plan.source == "this host":
         out.info(f"planned the expert pools for this host: {len(launch.plan.keys)} values")
-    if launch.spec.engine == "exllamav3":
-        out.info(require_tabby_config(launch.spec))
-    elif not req.skip_flag_check:
-        check = check_flags(launch.spec.argv)
-        if check.checked:
-            cached = " (cached)" if check.cached else ""
-            out.info(f"flags accepted by {check.vllm_version}'s serve parser{cached}")
-        else:
-            out.warn(f"flags not checked: {check.reason}")
+    engine.before_exec(launch.spec, out, skip_flag_check=req.skip_flag_check)
     spec = launch.spec
     out.info(f"serving {spec.profile} on {spec.base_url} (OpenAI API under {spec.base_url}/v1)")
-    serve_exec.exec_launch(spec, api_key=launch.api_key)
+    engines.exec_launch(spec, api_key=launch.api_key)
 
 
 __all__ = ["INPUT_CHECKS", "DryRun", "describe", "dry_run", "preflight", "start"]

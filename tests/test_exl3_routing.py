@@ -20,9 +20,9 @@ from glm53.errors import BadInput
 from glm53.plan.exllamav3.capture import compare_capture, load_capture
 from glm53.plan.routing.traces import read_trace
 from glm53.recipe.profiles import load_profile
+from glm53.serve.engines.exllamav3.tabby import build_tabby_launch, tabby_main
 from glm53.serve.launch import LaunchSpec
 from glm53.serve.resolve import ServeRequest, resolve_launch
-from glm53.serve.tabby import build_tabby_launch, tabby_main
 
 STAND_IN = Path(__file__).parent / "fixtures" / "exl3-standin"
 SOURCE = Path(__file__).parents[1] / "python" / "src"
@@ -34,7 +34,7 @@ def _record(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
         "PYTHONPATH": os.pathsep.join([str(SOURCE), str(STAND_IN)]),
         **env,
     }
-    argv = [sys.executable, "-m", "glm53.serve.exl3_routing", "--out", str(out)]
+    argv = [sys.executable, "-m", "glm53.serve.engines.exllamav3.routing", "--out", str(out)]
     main = STAND_IN / "tabby" / "main.py"
     return subprocess.run(
         [*argv, str(main), "--config", "/run/glm53/config.yml"],
@@ -96,7 +96,13 @@ def _launch(tmp_path: Path, directory: str = "routing") -> LaunchSpec:
 def test_serve_puts_the_recorder_in_front_of_tabbyapi(tmp_path: Path) -> None:
     spec = _launch(tmp_path)
     main = str(STAND_IN / "tabby" / "main.py")
-    assert spec.argv[:5] == [sys.executable, "-m", "glm53.serve.exl3_routing", "--out", str(tmp_path / "routing")]
+    assert spec.argv[:5] == [
+        sys.executable,
+        "-m",
+        "glm53.serve.engines.exllamav3.routing",
+        "--out",
+        str(tmp_path / "routing"),
+    ]
     assert tabby_main(spec.argv) == main and spec.argv[5:7] == [main, "--config"]
     assert spec.origins["argv"].endswith("--capture-routing")
 

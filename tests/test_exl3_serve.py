@@ -22,9 +22,9 @@ from glm53.errors import BadInput, Unavailable
 from glm53.plan.vllm.env import PLANNED_KEYS_EXL3
 from glm53.recipe.profiles import CONFIG_SPECS, KEYS, Profile, load_profile, parse_env_text
 from glm53.serve.chat_template import bounded_template_path
+from glm53.serve.engines.exllamav3.tabby import build_tabby_launch, clean_environment, render_config
+from glm53.serve.engines.exllamav3.tabby_check import require_tabby_config, run_check, tabby_config_check
 from glm53.serve.launch import LaunchSpec
-from glm53.serve.tabby import build_tabby_launch, clean_environment, render_config
-from glm53.serve.tabby_check import require_tabby_config, run_check, tabby_config_check
 from tests.support.cli import run_glm53
 from tests.support.fake_nvml import FakeNvml
 

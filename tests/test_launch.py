@@ -14,7 +14,8 @@ import pytest
 from glm53.errors import BadInput
 from glm53.recipe.profiles import KEYS, load_profile
 from glm53.serve.chat_template import bounded_template_path
-from glm53.serve.launch import PlanInput, build_launch, environment_for_exec
+from glm53.serve.engines.vllm.argv import build_launch
+from glm53.serve.launch import PlanInput, environment_for_exec
 
 RECIPE = json.loads((Path(__file__).parent / "fixtures" / "serve" / "recipe-launch.json").read_text())
 RECIPE_TEMPLATE = "/opt/glm53/configs/chat-template-bounded.jinja"
@@ -256,7 +257,7 @@ def test_plan_file_from_the_planner_layers_over_the_profile(tmp_path: Path) -> N
 
 
 def test_flag_check_cache_key_ignores_model_host_and_port() -> None:
-    from glm53.serve.flags import cache_key_args
+    from glm53.serve.engines.vllm.flags import cache_key_args
 
     a = cache_key_args(["/m1", "--host", "127.0.0.1", "--port", "8000", "--dtype", "bfloat16"])
     b = cache_key_args(["/m2", "--host", "::1", "--port", "8123", "--dtype", "bfloat16"])
@@ -272,7 +273,7 @@ def test_the_cpu_wheel_is_recognised_after_the_launcher_shim_is_installed() -> N
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
     import glm53.serve.launcher  # noqa: F401  (installs the shim)
-    from glm53.serve.flags import vllm_command, vllm_distribution
+    from glm53.serve.engines.vllm.flags import vllm_command, vllm_distribution
 
     dist = vllm_distribution()
     assert dist is not None

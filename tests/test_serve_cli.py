@@ -251,7 +251,7 @@ def test_demo_refuses_to_replace_a_directory_that_is_not_its_model(
 def test_flags_are_checked_by_vllms_own_parser() -> None:
     pytest.importorskip("vllm")
     from glm53.errors import BadInput
-    from glm53.serve.flags import check_flags
+    from glm53.serve.engines.vllm.flags import check_flags
 
     argv = [
         "vllm",

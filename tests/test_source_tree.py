@@ -1,5 +1,5 @@
 """`glm53.host.source_tree.checkout_commit` on git's own on-disk layouts, and a TabbyAPI tree at another commit
-than the lock's refused before a start (`glm53.serve.tabby_check`)."""
+than the lock's refused before a start (`glm53.serve.engines.exllamav3.tabby_check`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from glm53.errors import BadInput
 from glm53.host.source_tree import checkout_commit
 from glm53.recipe.pins import load_repro_lock
 from glm53.recipe.profiles import load_profile
-from glm53.serve.tabby import build_tabby_launch
-from glm53.serve.tabby_check import require_tabby_config, tabby_config_check
+from glm53.serve.engines.exllamav3.tabby import build_tabby_launch
+from glm53.serve.engines.exllamav3.tabby_check import require_tabby_config, tabby_config_check
 
 STAND_IN = Path(__file__).parent / "fixtures" / "tabbyapi"
 PINNED = load_repro_lock(Path(__file__).parents[1] / "repro.lock.json").engine.tabbyapi.rev

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU expert cache inside ExLlamaV3 1.4.6's own forward: generate with and without it, compare, count.
 
-Each MoE layer's `routing_fn` is wrapped (as glm53.serve.exl3_routing records routing) so that after the
+Each MoE layer's `routing_fn` is wrapped (as glm53.serve.engines.exllamav3.routing records routing) so that after the
 router picks a one-token pass's experts, `glm53_expert_cache.lookup` rewrites the layer's live pointer tables
 (`multi_gate/up/down.ptrs_trellis`, which the BC_BlockSparseMLP graphs read) and `fetch` copies the misses
 from the layer's page-locked host pool into its slots on a promotion stream, joined before the experts run.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate with ExLlamaV3's dynamic CPU split while `glm53.serve.exl3_routing` records its routing (the same
+"""Generate with ExLlamaV3's dynamic CPU split while `glm53.serve.engines.exllamav3.routing` records its routing (the same
 recorder `glm53 serve --capture-routing` runs inside TabbyAPI), then compare the placement the engine reached
 with glm53's replay of the same rule over the same tokens.
 
@@ -64,7 +64,7 @@ def main() -> int:
     )
 
     from glm53.plan.exllamav3.capture import compare_capture, decode_trace, load_capture
-    from glm53.serve.exl3_routing import CAPTURE_NAME, install
+    from glm53.serve.engines.exllamav3.routing import CAPTURE_NAME, install
 
     recorder = install(out)  # before ExLlamaV3 is imported: the hooks go in as it is
 

@@ -63,6 +63,7 @@ from glm53.plan.vllm.env import RANKINGS_FILENAME, save_plan
 from glm53.plan.vllm.planner import plan_for_host
 from glm53.plan.vllm.render import render_plan
 from glm53.recipe.profiles import load_profile
+from glm53.serve.engines import engine_of
 
 plan_app = App(
     name="plan",
@@ -111,7 +112,6 @@ SHAPE_FLAGS = {
 }
 SHAPE_FLAG_NAMES = {field: flag_name(field, SHAPE_FLAGS) for field in SHAPE_FIELDS}
 # What an exllamav3 profile's plan takes of the shape; the rest are vLLM's.
-EXL3_SHAPE_FIELDS = ("max_model_len", "max_num_seqs", "pool_threads")
 
 
 @plan_app.command("host")
@@ -176,10 +176,9 @@ def host_cmd(
     given = shape or {}
     if env and json_mode:
         raise BadInput("--env and --json both print to stdout: choose one")
-    if profile is not None and _engine(profile) == "exllamav3":
-        vllm_only = [
-            SHAPE_FLAG_NAMES[field] for field in SHAPE_FIELDS if field in given and field not in EXL3_SHAPE_FIELDS
-        ]
+    only = engine_of(load_profile(profile).engine).plan_shape_fields if profile is not None else None
+    if profile is not None and only is not None:  # the split planner: a shape of its own, no host resources
+        vllm_only = [SHAPE_FLAG_NAMES[field] for field in SHAPE_FIELDS if field in given and field not in only]
         vllm_only += [
             flag for flag, value in (("--bandwidth", bandwidth), ("--ram", ram), ("--cpus", cpus)) if value is not None
         ]
@@ -195,7 +194,7 @@ def host_cmd(
             rig=rig,
             stats=stats,
             gpus=(gpu_memory, gpus, gpu),
-            overrides={field: given.get(field) for field in EXL3_SHAPE_FIELDS},
+            overrides={field: given.get(field) for field in only},
             learn_fraction=learn_fraction,
             host_root=host_root,
             env=env,
@@ -241,10 +240,6 @@ def host_cmd(
 def _plan_files(out: Path, extra: str | None) -> list[Path]:
     """The files a plan writes into --out: plan.json, plan.env and, from a routing trace, one more."""
     return [out / "plan.json", out / "plan.env", *([out / extra] if extra else [])]
-
-
-def _engine(profile: str) -> str:
-    return load_profile(profile).engine
 
 
 def _plan_exl3(

@@ -25,6 +25,7 @@ from glm53.fsutil import missing_directory
 from glm53.host.facts import read_host_facts
 from glm53.output import Output
 from glm53.preflight.doctor import audit_host, limits_from_lock, read_container_facts
+from glm53.preflight.engines import preflight_engine
 from glm53.preflight.render import render_report
 from glm53.recipe.pins import find_repro_lock, load_repro_lock, repro_lock_sha256
 from glm53.recipe.profiles import load_profile
@@ -152,7 +153,7 @@ def audit_host_cmd(
     lock = load_repro_lock(lock_path)
     engine = load_profile(profile or lock.runtime.default_profile, environ={}).engine
     limits = limits_from_lock(lock, engine)
-    containers = read_container_facts() if engine == "vllm" else None
+    containers = read_container_facts() if preflight_engine(engine).runs_in_container else None
     report = audit_host(read_host_facts(engine_libraries=None), limits, containers)
     title = f"host vs lock — the {engine} engine"
     Output(json_mode=json_out).result(report, lambda console: render_report(console, report, title))

@@ -16,105 +16,38 @@ import errno
 import re
 import shutil
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import BaseModel, ConfigDict
 
 from glm53.checkpoint.index_repair import check_index
 from glm53.checkpoint.verify import verify_checkpoint
 from glm53.constants import DEFAULT_HOST, GIB, MIB
 from glm53.errors import Glm53Error
 from glm53.fsutil import GET_THE_CHECKPOINT, missing_directory
-from glm53.host.exl3_engine import EXTENSION_MODULE, TABBY_DIR_ENV, Exl3EngineFacts, read_exl3_engine
 from glm53.host.facts import HostFacts, read_host_facts
 from glm53.host.gpus import GpuInfo, read_gpus
-from glm53.host.native_libs import MissingLibrary, describe_missing, missing_engine_libraries
+from glm53.host.native_libs import MissingLibrary, missing_engine_libraries
+from glm53.preflight.engines import preflight_engine
+from glm53.preflight.models import (
+    ENGINE_LIBRARIES_CHECK,
+    GPU_USED_WARN_BYTES,
+    MIN_KERNEL,
+    REQUIRED_CPU_FLAGS,
+    SYSTEM_MEMORY_TOLERANCE,
+    DoctorFacts,
+    DoctorFinding,
+    DoctorReport,
+    DoctorResult,
+    HostLimits,
+    Requirements,
+    Status,
+    TargetFacts,
+)
+from glm53.recipe.engine import Engine
 from glm53.recipe.pins import ReproLock, load_repro_lock
 from glm53.recipe.profiles import Profile
-
-Status = Literal["ok", "warn", "fail", "skip"]
-
-MIN_KERNEL = (5, 14)
-GPU_USED_WARN_BYTES = 1000 * MIB
-# NVML reports a card's memory a little under its marketed size: 97% of the validated figure is the same card.
-GPU_MEMORY_TOLERANCE = 0.97
-SYSTEM_MEMORY_TOLERANCE = 0.95
-REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-# Serving overhead on top of the offloaded weights (the planner's reserve), and the tiny model's footprint.
-HOST_OVERHEAD_BYTES = 10 * GIB
-TINY_RAM_BYTES = 4 * GIB
-ENGINE_LIBRARIES_CHECK = "engine libraries"
-# ExLlamaV3's kernels need Ampere or newer (TabbyAPI: common/hardware.py, hardware_supports_exllamav3).
-EXL3_MIN_COMPUTE_CAPABILITY = (8, 0)
-
-
-class DoctorFinding(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    status: Status
-    detail: str
-    fix: str | None = None
-
-
-class DoctorReport(BaseModel):
-    profile: str | None
-    checks: list[DoctorFinding]
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def ok(self) -> bool:
-        return not any(c.status == "fail" for c in self.checks)
-
-    @property
-    def failures(self) -> list[DoctorFinding]:
-        return [c for c in self.checks if c.status == "fail"]
-
-
-class Requirements(BaseModel):
-    """What a profile needs from the host."""
-
-    model_config = ConfigDict(frozen=True)
-
-    gpus: int = 0
-    pinned_memory: bool = False
-    ram_bytes: int = TINY_RAM_BYTES
-    engine: str = "vllm"
-
-
-class HostLimits(BaseModel):
-    """The thresholds of the checks, from repro.lock.json (the engine's engine.cuda entry, and hardware)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    engine: str = "vllm"
-    driver_min: int
-    cuda_version: str
-    capabilities: list[tuple[int, int]]  # what the engine's kernels are built for
-    # The capability whose PTX the kernels carry ("8.6+PTX"): the driver compiles it for any newer GPU.
-    ptx: tuple[int, int] | None = None
-    gpu: str
-    gpu_count: int
-    gpu_memory_bytes: int
-    system_memory_bytes: int
-    exllamav3_version: str = "1.4.6"
-
-    @property
-    def gpu_memory_min_bytes(self) -> int:
-        return int(self.gpu_memory_bytes * GPU_MEMORY_TOLERANCE)
-
-    def runs_on(self, capability: tuple[int, int]) -> bool:
-        """Kernels built for X.y run on X.z with z >= y (CUDA's binary compatibility); their PTX on any newer GPU."""
-        if self.ptx is not None and capability >= self.ptx:
-            return True
-        return any(capability[0] == major and capability[1] >= minor for major, minor in self.capabilities)
-
-    @property
-    def capabilities_text(self) -> str:
-        text = ", ".join(f"sm_{major}{minor}" for major, minor in self.capabilities)
-        return text + (f" (and the PTX of sm_{self.ptx[0]}{self.ptx[1]})" if self.ptx is not None else "")
 
 
 def _capability(text: str) -> tuple[int, int]:
@@ -122,9 +55,9 @@ def _capability(text: str) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
-def limits_from_lock(lock: ReproLock, engine: str = "vllm") -> HostLimits:
+def limits_from_lock(lock: ReproLock, engine: Engine = "vllm") -> HostLimits:
     """The limits of `engine` ("vllm" or "exllamav3"): each engine has its own CUDA, driver floor and kernels."""
-    cuda = lock.engine.cuda.of("exllamav3" if engine == "exllamav3" else "vllm")
+    cuda = lock.engine.cuda.of(engine)
     ptx = [_capability(c) for c in cuda.capabilities if c.endswith("+PTX")]
     hw = lock.hardware
     return HostLimits(
@@ -141,35 +74,8 @@ def limits_from_lock(lock: ReproLock, engine: str = "vllm") -> HostLimits:
     )
 
 
-def load_limits(engine: str = "vllm") -> HostLimits:
+def load_limits(engine: Engine = "vllm") -> HostLimits:
     return limits_from_lock(load_repro_lock(), engine)
-
-
-class TargetFacts(BaseModel):
-    """What a start would use besides the host: the address and the checkpoint."""
-
-    address: str
-    port: int | None
-    port_error: str | None  # None = free
-    model_dir: str | None = None
-    model_missing: str | None = None  # why the directory cannot be read ("does not exist"); None = it can
-    model_verified: bool | None = None
-    model_detail: str | None = None
-    index_ok: bool | None = None
-    index_detail: str | None = None
-
-
-class DoctorFacts(BaseModel):
-    host: HostFacts
-    target: TargetFacts
-    # The exllamav3 engine's installation (read only for its profiles).
-    exl3: Exl3EngineFacts | None = None
-
-
-class DoctorResult(DoctorReport):
-    """`glm53 doctor`'s result: the checks and the facts they were made on."""
-
-    facts: DoctorFacts
 
 
 # ---------------------------------------------------------------- readers (I/O)
@@ -214,7 +120,7 @@ def read_facts(
     gpu_reader: Callable[[], list[GpuInfo]] = read_gpus,
     engine_libraries: Callable[[], list[MissingLibrary]] = missing_engine_libraries,
     machine: str | None = None,
-    engine: str = "vllm",
+    engine: Engine = "vllm",
 ) -> DoctorFacts:
     target = TargetFacts(address=host, port=port, port_error=port_error(host, port) if port is not None else None)
     if model_dir is not None and (missing := missing_directory(model_dir)) is not None:
@@ -230,35 +136,18 @@ def read_facts(
                 "index_detail": index_detail,
             }
         )
-    if engine == "exllamav3":  # vLLM's libraries are not this engine's
-        facts = read_host_facts(root, gpu_reader=gpu_reader, engine_libraries=None, machine=machine)
-        return DoctorFacts(host=facts, target=target, exl3=read_exl3_engine())
-    facts = read_host_facts(root, gpu_reader=gpu_reader, engine_libraries=engine_libraries, machine=machine)
-    return DoctorFacts(host=facts, target=target)
+    pre = preflight_engine(engine)
+    libraries = engine_libraries if pre.reads_engine_libraries else None
+    facts = read_host_facts(root, gpu_reader=gpu_reader, engine_libraries=libraries, machine=machine)
+    return DoctorFacts(host=facts, target=target, exl3=pre.read_engine())
 
 
 # ---------------------------------------------------------------- checks (pure)
 
 
 def requirements_for(profile: Profile) -> Requirements:
-    """GPU profiles: tensor-parallel-size GPUs, pinned host pools for UVA offload, RAM for the offload;
-    exllamav3 profiles: GPUS GPUs (its planner checks the RAM its CPU experts need)."""
-    if profile.engine == "exllamav3":
-        return Requirements(engine="exllamav3", gpus=int(profile.value("GPUS") or "1"), ram_bytes=HOST_OVERHEAD_BYTES)
-    uses_gpu = (
-        profile.is_set("TENSOR_PARALLEL_SIZE")
-        or profile.is_set("GPU_MEMORY_UTILIZATION")
-        or profile.is_set("QUANTIZATION")
-    )
-    if not uses_gpu:
-        return Requirements()
-    gpus = int(profile.value("TENSOR_PARALLEL_SIZE") or "1")
-    offload = int(profile.value("CPU_OFFLOAD_GB") or "0") * GIB
-    return Requirements(
-        gpus=gpus,
-        pinned_memory=profile.value("OFFLOAD_BACKEND") == "uva",
-        ram_bytes=offload + HOST_OVERHEAD_BYTES,
-    )
+    """What the profile asks of the host (GPUs, pinned memory, RAM), as its engine's preflight reads it."""
+    return preflight_engine(profile.engine).requirements(profile)
 
 
 def _gib(n: int) -> str:
@@ -291,12 +180,7 @@ def check_platform(f: HostFacts) -> DoctorFinding:
 
 
 def _gpu_count_fix(found: int, need: Requirements, limits: HostLimits) -> str:
-    if need.engine == "exllamav3":  # TENSOR_PARALLEL_SIZE is a vLLM key: an exllamav3 profile refuses it
-        return f"use a profile for {found} GPU(s) (e.g. exl3-1gpu), or --set GPUS={found}"
-    return (
-        f"set TENSOR_PARALLEL_SIZE={found} only if the model fits; the recipe needs "
-        f"{limits.gpu_count}x {limits.gpu_memory_bytes // GIB} GB"
-    )
+    return preflight_engine(need.engine).gpu_count_fix(found, limits)
 
 
 def check_gpus(f: HostFacts, need: Requirements, limits: HostLimits) -> list[DoctorFinding]:
@@ -558,85 +442,6 @@ def check_model(f: TargetFacts) -> list[DoctorFinding]:
     return checks
 
 
-def check_engine_libraries(f: HostFacts) -> DoctorFinding:
-    if f.engine_libraries_missing is None:
-        return DoctorFinding(name=ENGINE_LIBRARIES_CHECK, status="skip", detail="not checked")
-    if not f.engine_libraries_missing:
-        return DoctorFinding(
-            name=ENGINE_LIBRARIES_CHECK, status="ok", detail="every shared library vLLM and torch link is found"
-        )
-    detail, fix = describe_missing(f.engine_libraries_missing)
-    return DoctorFinding(name=ENGINE_LIBRARIES_CHECK, status="fail", detail=detail, fix=fix)
-
-
-def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_version: str) -> list[DoctorFinding]:
-    """TabbyAPI's source tree, ExLlamaV3 at the pinned version with its extension prebuilt, and GPUs of
-    compute capability 8.0 or newer."""
-    checks: list[DoctorFinding] = []
-    if facts.tabby_main:
-        checks.append(DoctorFinding(name="tabbyapi", status="ok", detail=f"{facts.tabby_dir} (${TABBY_DIR_ENV})"))
-    else:
-        where = f"{facts.tabby_dir} has no main.py and common/config_models.py" if facts.tabby_dir else "not set"
-        checks.append(
-            DoctorFinding(
-                name="tabbyapi",
-                status="fail",
-                detail=f"${TABBY_DIR_ENV}: {where}",
-                fix=f"set {TABBY_DIR_ENV} to TabbyAPI's source tree at the pinned commit (nix build .#tabbyapi, "
-                "or git checkout of engine.tabbyapi.rev in repro.lock.json)",
-            )
-        )
-    version = facts.exllamav3_version
-    if version is None:
-        checks.append(
-            DoctorFinding(
-                name="exllamav3",
-                status="fail",
-                detail="not installed",
-                fix=f"install ExLlamaV3 {pinned_version} (repro.lock.json engine.exllamav3), extension prebuilt",
-            )
-        )
-    elif version.split("+")[0] != pinned_version:
-        checks.append(
-            DoctorFinding(
-                name="exllamav3",
-                status="fail",
-                detail=f"{version}, pinned {pinned_version}",
-                fix=f"install ExLlamaV3 {pinned_version}: the planner and the CPU offload are validated on it",
-            )
-        )
-    else:
-        checks.append(DoctorFinding(name="exllamav3", status="ok", detail=version))
-    if facts.extension:
-        checks.append(DoctorFinding(name="exllamav3 extension", status="ok", detail=f"prebuilt: {facts.extension}"))
-    else:
-        checks.append(
-            DoctorFinding(
-                name="exllamav3 extension",
-                status="fail",
-                detail=f"no prebuilt {EXTENSION_MODULE}: ExLlamaV3 would compile its CUDA sources at start",
-                fix="build it once with pkgs/exllamav3/build_ext.py for this GPU's architecture (Nix does)",
-            )
-        )
-    old = [gpu for gpu in gpus if tuple(gpu.compute_capability) < EXL3_MIN_COMPUTE_CAPABILITY]
-    if old:
-        names = ", ".join(
-            f"GPU {gpu.index} {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]})" for gpu in old
-        )
-        checks.append(
-            DoctorFinding(
-                name="compute capability",
-                status="fail",
-                detail=f"{names}: ExLlamaV3 needs 8.0 or newer",
-                fix="use Ampere or newer GPUs (RTX 30xx and up)",
-            )
-        )
-    elif gpus:
-        caps = sorted({f"{g.compute_capability[0]}.{g.compute_capability[1]}" for g in gpus})
-        checks.append(DoctorFinding(name="compute capability", status="ok", detail=", ".join(caps)))
-    return checks
-
-
 def run_checks(
     facts: DoctorFacts, need: Requirements, limits: HostLimits, *, profile: str | None = None
 ) -> DoctorReport:
@@ -644,11 +449,7 @@ def run_checks(
     checks: list[DoctorFinding] = [check_platform(host)]
     if limits.engine != need.engine:
         raise ValueError(f"the limits are the {limits.engine} engine's; the profile runs {need.engine}")
-    if need.engine == "exllamav3":
-        engine = facts.exl3 if facts.exl3 is not None else read_exl3_engine()
-        checks += check_exl3_engine(engine, host.gpus, limits.exllamav3_version)
-    else:
-        checks.append(check_engine_libraries(host))
+    checks += preflight_engine(need.engine).checks(facts, limits)
     checks += check_gpus(host, need, limits)
     checks += [check_ram(host, need), check_memlock(host, need)]
     checks += check_shm(host)
@@ -755,3 +556,25 @@ def audit_host(host: HostFacts, limits: HostLimits, containers: ContainerFacts |
     if containers is not None:
         checks += check_containers(containers)
     return DoctorReport(profile=None, checks=checks)
+
+
+# The models live in glm53.preflight.models; the doctor is where callers find them with its checks.
+__all__ = [
+    "ENGINE_LIBRARIES_CHECK",
+    "DoctorFacts",
+    "DoctorFinding",
+    "DoctorReport",
+    "DoctorResult",
+    "HostLimits",
+    "Requirements",
+    "TargetFacts",
+    "audit_host",
+    "check_containers",
+    "limits_from_lock",
+    "load_limits",
+    "port_error",
+    "read_container_facts",
+    "read_facts",
+    "requirements_for",
+    "run_checks",
+]

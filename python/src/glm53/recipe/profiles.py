@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.errors import BadInput
 from glm53.fsutil import parse_json, read_text_bounded
-from glm53.recipe.engine import ENGINES, Engine
+from glm53.recipe.engine import ENGINES, Engine, engine_named
 from glm53.safetext import printable
 
 Kind = Literal["str", "int", "float", "bool", "json", "path"]
@@ -538,7 +538,7 @@ class Profile(BaseModel):
     @property
     def engine(self) -> Engine:
         """The engine that serves this profile (ENGINE; vllm when unset, as every profile before it was)."""
-        return "exllamav3" if self.value("ENGINE") == "exllamav3" else "vllm"
+        return engine_named(self.value("ENGINE"))
 
     def env_exports(self) -> dict[str, str]:
         """The engine environment: every env-role key of this engine that has a value, in key order."""

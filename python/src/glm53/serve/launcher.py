@@ -25,7 +25,7 @@ import signal
 import sys
 import warnings
 
-from glm53.serve.vllm_cpu import install_version_shim
+from glm53.serve.engines.vllm.vllm_cpu import install_version_shim
 
 install_version_shim()
 

@@ -20,8 +20,7 @@ from glm53.output import Output
 from glm53.preflight.doctor import load_limits, read_facts, requirements_for, run_checks
 from glm53.serve import engines
 from glm53.serve.engines import engine_of
-from glm53.serve.flags import FlagCheck
-from glm53.serve.launch import LaunchSpec
+from glm53.serve.launch import FlagCheck, LaunchSpec
 from glm53.serve.resolve import PLACEHOLDER_MODEL_DIR, Launch, PlanStatus, ServeRequest, resolve_launch
 
 # Doctor checks whose failure is a wrong flag or file of the request (exit 2); any other failure is the

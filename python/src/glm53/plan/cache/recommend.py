@@ -31,7 +31,8 @@ setting whose worst scenario gains most over the stock engine, so never one slow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -156,30 +157,57 @@ EXL3_DEFAULT = Candidate(
 )
 
 
-def candidates(engine: PolicyEngine) -> list[Candidate]:
-    if engine == "vllm":
-        return [Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p) for p in (0.0, 0.1, 0.2, 0.4, 0.6)]
-    if engine == "exllamav3":
-        dynamic = [
-            Candidate(
-                engine="exllamav3",
-                family="exl3-dynamic",
-                interval=interval,
-                hysteresis=hysteresis,
-                floor=floor,
-                max_swaps=max_swaps,
-            )
-            for interval in (8, 32, 128, 512)
-            for hysteresis in (2.0, 4.0)
-            for floor in (0.0, SWAP_FLOOR)
-            for max_swaps in (SWAP_MAX, LARGE_SWAP_CAP)
-        ]
-        return [Candidate(engine="exllamav3", family="exl3-static"), *dynamic]
+def _pinned_lru_candidates() -> list[Candidate]:
+    return [Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p) for p in (0.0, 0.1, 0.2, 0.4, 0.6)]
+
+
+def _exl3_candidates() -> list[Candidate]:
+    dynamic = [
+        Candidate(
+            engine="exllamav3",
+            family="exl3-dynamic",
+            interval=interval,
+            hysteresis=hysteresis,
+            floor=floor,
+            max_swaps=max_swaps,
+        )
+        for interval in (8, 32, 128, 512)
+        for hysteresis in (2.0, 4.0)
+        for floor in (0.0, SWAP_FLOOR)
+        for max_swaps in (SWAP_MAX, LARGE_SWAP_CAP)
+    ]
+    return [Candidate(engine="exllamav3", family="exl3-static"), *dynamic]
+
+
+def _proposed_candidates() -> list[Candidate]:
     fixed = [
         Candidate(engine="proposed", family="decayed-frequency", recent=1, half_life=half_life)
         for half_life in (64.0, 256.0, 1024.0)
     ]
     return [Candidate(engine="proposed", family="adaptive-frequency", recent=1), *fixed]
+
+
+@dataclass(frozen=True)
+class PolicyPool:
+    """How one engine's policies are scored. `sweeps`: its placement moves only at sweeps between generations
+    (ExLlamaV3's), so its scenarios run long enough for several, are scored where they have settled, are priced
+    in decode rate and judged against the engine's stock defaults. `needs`: what the recipe's engine lacks to
+    run the pool's policies (the proposal only)."""
+
+    make: Callable[[], list[Candidate]]
+    sweeps: bool = False
+    needs: str | None = None
+
+
+POLICY_POOLS: dict[PolicyEngine, PolicyPool] = {
+    "vllm": PolicyPool(_pinned_lru_candidates),
+    "exllamav3": PolicyPool(_exl3_candidates, sweeps=True),
+    "proposed": PolicyPool(_proposed_candidates, needs=NEEDS["vllm"]),
+}
+
+
+def candidates(engine: PolicyEngine) -> list[Candidate]:
+    return POLICY_POOLS[engine].make()
 
 
 def replay(
@@ -423,7 +451,8 @@ def recommend(
     (its uncompiled loops would take minutes). `exl3_cost` prices ExLlamaV3's candidates (default: GLM-5.3's
     experts on the recipe's rig, `engine_cost.exl3_step_cost`); `generation`, the steps between its queue's
     drains."""
-    if "exllamav3" in engines and exl3_cost is None:
+    sweeping = any(POLICY_POOLS[engine].sweeps for engine in engines)
+    if sweeping and exl3_cost is None:
         exl3_cost = default_exl3_cost(trace.top_k)
 
     picked = layer_sample(len(trace.layers), layer_limit)
@@ -433,17 +462,18 @@ def recommend(
     plain = stress_scenarios(sample, seed, start=cut)
     # ExLlamaV3's sweeps wait for a queue drain (a request's end) or 4 x interval passes: its scenarios run
     # long enough for several, the part after the learning part repeated before they change it.
-    served = stress_scenarios(lengthened(sample, cut, SCORED_STEPS), seed, start=cut) if "exllamav3" in engines else {}
+    served = stress_scenarios(lengthened(sample, cut, SCORED_STEPS), seed, start=cut) if sweeping else {}
     pools = {engine: candidates(engine) for engine in engines if engine != "proposed" or compiled()}
     # One task per engine and scenario; they are independent, so a large trace spreads over processes.
     tasks: list[_ScenarioTask] = []
     for engine, pool in pools.items():
         # ExLlamaV3's placement moves only at sweeps: scored where it has settled (`warmed`); a cache settles
         # within its slots' worth of misses, so the others keep the scenario as it is.
-        for name, scenario in (served if engine == "exllamav3" else plain).items():
+        sweeps = POLICY_POOLS[engine].sweeps
+        for name, scenario in (served if sweeps else plain).items():
             held_out = scenario.steps - cut
-            scenario = warmed(scenario, cut) if engine == "exllamav3" else scenario
-            cost = exl3_cost if engine == "exllamav3" else None
+            scenario = warmed(scenario, cut) if sweeps else scenario
+            cost = exl3_cost if sweeps else None
             # The replayed layers stand for the model's: their share of its swap cap and of its decode time.
             replayed, of = len(picked), len(trace.layers)
             share = cost.layer_share(replayed, of) if cost is not None else replayed / of
@@ -476,7 +506,7 @@ def recommend(
             )
             for candidate in pool
         ]
-        if engine == "exllamav3":
+        if POLICY_POOLS[engine].sweeps:
             # Judged against the stock engine, robust first: the largest worst-scenario gain over the engine's
             # defaults (which are among the candidates, so never below them), then the best mean.
             stock = next(rows for candidate, rows in scored if candidate == EXL3_DEFAULT)
@@ -490,14 +520,14 @@ def recommend(
                 engine=engine,
                 choice=candidate,
                 label=candidate.label,
-                measure="decode rate" if engine == "exllamav3" else "hit rate",
+                measure="decode rate" if POLICY_POOLS[engine].sweeps else "hit rate",
                 scores=rows,
                 worst_gain=min(gains),
                 mean_gain=sum(gains) / len(gains),
                 considered=len(pool),
                 scored_steps=next(task.scenario.steps - task.start for task in tasks if task.engine == engine),
                 stock_scores=stock,
-                needs=NEEDS.get("vllm") if engine == "proposed" else None,
+                needs=POLICY_POOLS[engine].needs,
             )
         )
     return Recommendation(

@@ -22,7 +22,16 @@ from pydantic import BaseModel, ConfigDict
 
 from glm53.plan.cache.engine_cost import PolicyEngine, StepCost, default_exl3_cost, engine_costs
 from glm53.plan.cache.policies import StepHits
-from glm53.plan.cache.recommend import EXL3_DEFAULT, LRU, RECIPE, Candidate, pinned_family, recommend, replay
+from glm53.plan.cache.recommend import (
+    EXL3_DEFAULT,
+    LRU,
+    POLICY_POOLS,
+    RECIPE,
+    Candidate,
+    pinned_family,
+    recommend,
+    replay,
+)
 from glm53.plan.cache.replay import belady_hits
 from glm53.plan.routing.shapes import SHAPES, make_shape
 from glm53.plan.routing.traces import RoutingTrace
@@ -141,7 +150,7 @@ def evaluate_trace(
             for index in range(len(trace.layers))
         )
         baselines = [priced(LRU, "plain LRU"), priced(RECIPE, "recipe: 20% pinned")]
-        if "exllamav3" in engines and slots < trace.experts:
+        if any(POLICY_POOLS[engine].sweeps for engine in engines) and slots < trace.experts:
             baselines.append(priced(EXL3_DEFAULT, "ExLlamaV3 defaults (dynamic /128 x2 floor 8)"))
             exl3_cost = costs.get("exllamav3") if costs else None
             if exl3_cost is not None:

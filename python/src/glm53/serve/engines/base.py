@@ -12,8 +12,7 @@ from typing import NoReturn, Protocol
 from glm53.output import Output
 from glm53.recipe.engine import Engine
 from glm53.recipe.profiles import Profile
-from glm53.serve.flags import FlagCheck
-from glm53.serve.launch import LaunchSpec, PlanInput
+from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput
 
 # A host plan as profile values (key, value, origin) plus what it sets beside the profile keys.
 PlanLayer = tuple[list[tuple[str, str, str]], PlanInput]
@@ -43,6 +42,9 @@ class ServeEngine(Protocol):
     # `--rig`: the engine's planner can plan a described machine; `--capture-routing`: it records routing.
     plans_rigs: bool
     captures_routing: bool
+    # The serving-shape fields `glm53 plan host` passes its planner; None: every field and the host's resources
+    # (--ram, --cpus, --bandwidth).
+    plan_shape_fields: tuple[str, ...] | None
 
     def check_model_dir(self, model_dir: Path) -> None:
         """Refuse a checkpoint this engine cannot serve (BadInput), before anything is planned."""

@@ -19,20 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import atomic_write_text
-from glm53.serve.vllm_cpu import install_version_shim
-
-
-class FlagCheck(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    checked: bool
-    vllm_version: str | None
-    cached: bool = False
-    reason: str | None = None  # why nothing was checked
+from glm53.serve.engines.vllm.vllm_cpu import install_version_shim
+from glm53.serve.launch import FlagCheck
 
 
 def vllm_distribution() -> tuple[str, str] | None:

@@ -24,9 +24,8 @@ from glm53.host.source_tree import checkout_commit
 from glm53.proc import TimedOut, run, text
 from glm53.recipe.pins import find_repro_lock, load_repro_lock
 from glm53.safetext import quoted
-from glm53.serve.flags import FlagCheck
-from glm53.serve.launch import LaunchSpec, environment_for_exec
-from glm53.serve.tabby import CONFIG_NAME, clean_environment, tabby_main
+from glm53.serve.engines.exllamav3.tabby import CONFIG_NAME, clean_environment, tabby_main
+from glm53.serve.launch import FlagCheck, LaunchSpec, environment_for_exec
 
 CHECK_TIMEOUT_S = 60
 # Run by TabbyAPI's interpreter with TabbyAPI's tree first on sys.path; prints one JSON line.

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from glm53.errors import BadInput
 from glm53.recipe.profiles import BUILTIN_CHAT_TEMPLATE, CONFIG_SPECS, KEYS, Profile, parse_number_list
 from glm53.serve.chat_template import bounded_template_path
-from glm53.serve.exl3_routing import CAPTURE_NAME, TRACE_NAME
+from glm53.serve.engines.exllamav3.routing import CAPTURE_NAME, TRACE_NAME
 from glm53.serve.launch import SECRET_ENV, LaunchSpec, PlanInput, check_host, exported_environment
 
 TABBY_DIR_ENV = "GLM53_TABBYAPI_DIR"
@@ -142,7 +142,8 @@ def tabby_command(
 ) -> tuple[list[str], str]:
     """The argv that starts TabbyAPI, and where its location came from. Relative paths are made absolute here:
     TabbyAPI starts in its run directory, where they would name nothing. With `capture_routing`, TabbyAPI's
-    main.py runs under `glm53.serve.exl3_routing`, which records ExLlamaV3's routing into that directory."""
+    main.py runs under `glm53.serve.engines.exllamav3.routing`, which records ExLlamaV3's routing into that
+    directory."""
     directory = environ.get(TABBY_DIR_ENV)
     program = environ.get(TABBY_PYTHON_ENV) or python
     if "/" in program:
@@ -154,7 +155,7 @@ def tabby_command(
         main = f"${TABBY_DIR_ENV}/main.py"
         origin = f"${TABBY_DIR_ENV} is not set (a start stops until it names TabbyAPI's source tree)"
     if capture_routing is not None:
-        recorder = ["-m", "glm53.serve.exl3_routing", "--out", os.path.abspath(capture_routing)]
+        recorder = ["-m", "glm53.serve.engines.exllamav3.routing", "--out", os.path.abspath(capture_routing)]
         return [program, *recorder, main, "--config", str(config_path)], f"{origin}; --capture-routing"
     return [program, main, "--config", str(config_path)], origin
 

@@ -18,9 +18,10 @@ from glm53.preflight.doctor import requirements_for
 from glm53.recipe.engine import Engine
 from glm53.recipe.profiles import KEYS, Profile
 from glm53.serve.engines.base import PLAN_THIS_HOST, LaunchInputs, PlanLayer
+from glm53.serve.engines.vllm.argv import build_launch
+from glm53.serve.engines.vllm.flags import check_flags, vllm_command
 from glm53.serve.exec import apply_affinity
-from glm53.serve.flags import FlagCheck, check_flags, vllm_command
-from glm53.serve.launch import LaunchSpec, PlanInput, build_launch, environment_for_exec
+from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput, environment_for_exec
 
 
 def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
@@ -39,6 +40,7 @@ class VllmEngine:
     planned_keys: tuple[str, ...] = PLANNED_KEYS
     plans_rigs = False
     captures_routing = False
+    plan_shape_fields: tuple[str, ...] | None = None
 
     def check_model_dir(self, model_dir: Path) -> None:
         return None  # vLLM reads the checkpoint's own config; `glm53 model verify` checks the files

@@ -24,11 +24,10 @@ from glm53.plan.vllm.env import PLANNED_KEYS_EXL3
 from glm53.recipe.engine import Engine
 from glm53.recipe.profiles import Profile
 from glm53.serve.engines.base import PLAN_THIS_HOST, LaunchInputs, PlanLayer
+from glm53.serve.engines.exllamav3.tabby import API_TOKENS_NAME, build_tabby_launch, clean_environment, tabby_main
+from glm53.serve.engines.exllamav3.tabby_check import require_tabby_config, tabby_config_check
 from glm53.serve.exec import apply_affinity
-from glm53.serve.flags import FlagCheck
-from glm53.serve.launch import LaunchSpec, PlanInput, environment_for_exec
-from glm53.serve.tabby import API_TOKENS_NAME, build_tabby_launch, clean_environment, tabby_main
-from glm53.serve.tabby_check import require_tabby_config, tabby_config_check
+from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput, environment_for_exec
 
 
 def exl3_summary(plan: object) -> str:
@@ -110,6 +109,7 @@ class Exllamav3Engine:
     planned_keys: tuple[str, ...] = PLANNED_KEYS_EXL3
     plans_rigs = True
     captures_routing = True
+    plan_shape_fields: tuple[str, ...] | None = ("max_model_len", "max_num_seqs", "pool_threads")
 
     def check_model_dir(self, model_dir: Path) -> None:
         if model_dir.is_dir():

@@ -1,7 +1,7 @@
 """ExLlamaV3's routing, recorded inside the engine's own process while it serves or generates.
 
 `glm53 serve --capture-routing DIR` starts TabbyAPI as
-    PYTHON -m glm53.serve.exl3_routing --out DIR -- TABBYAPI/main.py --config RUN_DIR/config.yml
+    PYTHON -m glm53.serve.engines.exllamav3.routing --out DIR -- TABBYAPI/main.py --config RUN_DIR/config.yml
 which installs the recorder and then runs TabbyAPI's main.py as `__main__`, unchanged.
 
 The hooks, on ExLlamaV3 1.4.6 (499890c), are installed on its classes as soon as the program imports
@@ -277,7 +277,7 @@ def _hook(recorder: RoutingRecorder) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m glm53.serve.exl3_routing",
+        prog="python -m glm53.serve.engines.exllamav3.routing",
         description="Run a Python program (TabbyAPI's main.py) with ExLlamaV3's routing recorded into --out.",
     )
     parser.add_argument("--out", type=Path, required=True, help="Directory for routing.npz and capture.npz.")

@@ -53,9 +53,11 @@ def main() -> int:
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
     from glm53.plan.cache.policies import pinned_lru_step_hits
+    from glm53.serve.engines.exllamav3.expert_cache import CacheSettings, LayerCache
 
     # after torch, whose libraries the module links against
     cache_ext = importlib.import_module("glm53_expert_cache")
+    settings = CacheSettings(window=args.window, pinned=args.pinned, stats=None)
 
     layers: list[Any] = []
     original_init = BlockSparseMLP.__init__
@@ -81,58 +83,6 @@ def main() -> int:
         self.routing_fn = routed
 
     BlockSparseMLP.__init__ = init  # type: ignore[method-assign]
-
-    class LayerCache:
-        def __init__(self, mlp: Any, ranking: list[int]) -> None:
-            self.mlp = mlp
-            experts, top_k = int(mlp.num_experts), int(mlp.num_experts_per_tok)
-            gate, up, down = (m.linears for m in (mlp.multi_gate, mlp.multi_up, mlp.multi_down))
-            parts = [gate[0].inner.trellis, up[0].inner.trellis, down[0].inner.trellis]
-            sizes = [t.numel() * t.element_size() for t in parts]
-            self.offsets = [0, sizes[0], sizes[0] + sizes[1]]
-            self.slot_bytes = sum(sizes)
-            device = parts[0].device
-            self.pinned, self.window = args.pinned, args.window
-            slots = self.pinned + self.window + top_k
-            self.tables = [mlp.multi_gate.ptrs_trellis, mlp.multi_up.ptrs_trellis, mlp.multi_down.ptrs_trellis]
-            self.home = [t.clone() for t in self.tables]
-            # the host pool: every expert once, gate|up|down, exact size, page-locked and mapped
-            self.host = torch.empty((experts, self.slot_bytes), dtype=torch.uint8)
-            for e in range(experts):
-                row = [gate[e].inner.trellis, up[e].inner.trellis, down[e].inner.trellis]
-                self.host[e].copy_(torch.cat([t.contiguous().view(torch.uint8).flatten() for t in row]).cpu())
-            self.host_addr = cache_ext.host_register(self.host)
-            self.pool = torch.empty((slots, self.slot_bytes), dtype=torch.uint8, device=device)
-            self.slot_of = torch.full((experts,), -1, dtype=torch.int32, device=device)
-            self.expert_of = torch.full((slots,), -1, dtype=torch.int32, device=device)
-            self.stamp = torch.full((slots,), -1, dtype=torch.long, device=device)
-            self.state = torch.zeros(8, dtype=torch.long, device=device)
-            self.miss_e = torch.zeros(top_k, dtype=torch.int32, device=device)
-            self.miss_s = torch.zeros(top_k, dtype=torch.int32, device=device)
-            self.miss_n = torch.zeros(1, dtype=torch.int32, device=device)
-            self.top_k = top_k
-            self.stream = torch.cuda.Stream(device)
-            for slot, expert in enumerate(ranking[: self.pinned]):
-                self.pool[slot].copy_(self.host[expert].to(device))
-                self.slot_of[expert] = slot
-                self.expert_of[slot] = expert
-                for table, off in zip(self.tables, self.offsets, strict=True):
-                    table[expert] = self.pool.data_ptr() + slot * self.slot_bytes + off
-
-        def resolve(self, selected: Any) -> None:
-            sel = selected.contiguous()
-            cache_ext.lookup(
-                sel, self.slot_of, self.expert_of, self.stamp, self.state, self.miss_e, self.miss_s, self.miss_n,
-                *self.tables, *self.offsets, self.pool, self.slot_bytes, self.pinned, self.window, *self.home,
-            )  # fmt: skip
-            main = torch.cuda.current_stream()
-            self.stream.wait_stream(main)
-            with torch.cuda.stream(self.stream):
-                cache_ext.fetch(
-                    self.miss_e, self.miss_s, self.miss_n, self.state, self.host_addr, self.slot_bytes, self.pool,
-                    self.slot_bytes, self.top_k, 8, 0.0,
-                )  # fmt: skip
-            main.wait_stream(self.stream)
 
     started = time.perf_counter()
     config = Config.from_directory(args.model)
@@ -190,7 +140,7 @@ def main() -> int:
     with torch.inference_mode():  # the engine's tables are inference tensors
         for m, ranking in zip(layers, rankings, strict=True):
             m.glm53_decode_routes = []
-            m.glm53_cache = LayerCache(m, ranking.tolist())
+            m.glm53_cache = LayerCache(m, settings, ranking.tolist(), cache_ext)
     cached_tokens, cached_s = generate()
     cached_routes = [list(m.glm53_decode_routes) for m in layers]
     hits = [int(m.glm53_cache.state[cache_ext.STATE_HITS].item()) for m in layers]

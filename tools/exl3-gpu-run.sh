@@ -14,7 +14,9 @@
 # Stage routing records ExLlamaV3's routing while it generates (OUT/routing/routing.npz, a glm53 trace) and
 # compares the placement its dynamic split reaches with glm53's replay of the same rule (OUT/routing/compare.json);
 # ROUTING_ARGS passes options to tools/exl3-routing-capture.py. CAPTURE=1 makes stage serve record the routing
-# while TabbyAPI serves (`glm53 serve --capture-routing OUT/capture`) and compare it with glm53's replay.
+# while TabbyAPI serves (`glm53 serve --capture-routing OUT/capture`) and compare it with glm53's replay; CACHE=1
+# serves through glm53's GPU expert cache (EXPERT_CACHE=1, WINDOW slots a layer) and, with CAPTURE=1, checks its
+# hit counts against the simulator on the routing it served (`glm53 plan expert-cache-check`).
 # Stage sweep-cost times the engine's own sweep over 1 to 42 layers of 16 to 256 experts (OUT/sweep-cost.json);
 # it needs only setup and build. Stage build-cache compiles glm53's GPU expert cache (pkgs/exllamav3/expert-cache)
 # into glm53_expert_cache beside exllamav3_ext; stage cache-bench (setup, build, build-cache) runs
@@ -97,9 +99,12 @@ for stage in "$@"; do
     stamp serve
     glm53 model lock local/glm53-tiny-exl3 --model-dir "$model" --force >"$out/lock.log" 2>&1; echo "lock rc=$?"
     export GLM53_TABBYAPI_DIR=$tabby
+    # CACHE=1: glm53's GPU expert cache instead of the CPU split, WINDOW LRU slots a layer (default 4)
+    cache_args=(); split=${SPLIT:-8}
+    [ -n "${CACHE:-}" ] && cache_args=(--set EXPERT_CACHE=1 --set EXPERT_CACHE_WINDOW=${WINDOW:-4}) && split=${SPLIT:-0}
     args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
-      --set EXL3_MOE_CPU_SPLIT=${SPLIT:-8} --set EXL3_MOE_CPU_THREADS=8 ${CAPTURE:+--capture-routing "$out/capture"}
-      ${SERVE_ARGS:-})
+      --set EXL3_MOE_CPU_SPLIT=$split --set EXL3_MOE_CPU_THREADS=8 "${cache_args[@]}"
+      ${CAPTURE:+--capture-routing "$out/capture"} ${SERVE_ARGS:-})
     glm53 "${args[@]}" --dry-run >"$out/serve-dry-run.txt" 2>&1; echo "dry-run rc=$?"; tail -3 "$out/serve-dry-run.txt"
     # started directly, not through the shell function, so that $! is glm53 itself (which execs TabbyAPI)
     python3 -c "$glm53_main" "${args[@]}" >"$out/serve.log" 2>&1 &
@@ -125,6 +130,13 @@ for stage in "$@"; do
     if kill -0 $server 2>/dev/null; then echo "server still running 60 s after SIGTERM"; kill -KILL $server; fi
     wait $server; echo "server rc=$? after $(( $(date +%s) - stop )) s"
     pgrep -af "tabby/main.py|exllamav3" || echo "no process left"
+    if [ -n "${CACHE:-}" ]; then
+      run_dir=$(sed -n 's/^# working directory //p' "$out/serve-dry-run.txt")
+      cp "$run_dir/expert-cache.json" "$out/expert-cache-serve.json"; cat "$out/expert-cache-serve.json" | head -c 400; echo
+      grep "glm53 expert cache" "$out/serve.log" | tail -3
+      [ -n "${CAPTURE:-}" ] && glm53 plan expert-cache-check "$run_dir/expert-cache.json" "$out/capture/routing.npz" \
+        >"$out/cache-check.txt" 2>&1; echo "cache-check rc=$?"; cat "$out/cache-check.txt"
+    fi
     if [ -n "${CAPTURE:-}" ]; then
       ls -la "$out/capture"
       python3 -c 'import sys; from pathlib import Path; from glm53.plan.exllamav3.capture import load_capture, compare_capture

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Generate with ExLlamaV3's dynamic CPU split while `glm53.serve.engines.exllamav3.routing` records its routing (the same
-recorder `glm53 serve --capture-routing` runs inside TabbyAPI), then compare the placement the engine reached
+"""Generate with ExLlamaV3's dynamic CPU split while `glm53.serve.engines.exllamav3.routing` records its routing
+(the same recorder `glm53 serve --capture-routing` runs inside TabbyAPI), then compare the placement the engine reached
 with glm53's replay of the same rule over the same tokens.
 
 The recorder hooks ExLlamaV3 1.4.6 (499890c) when it is imported (its docstring says where): every MoE layer's

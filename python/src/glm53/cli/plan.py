@@ -20,8 +20,8 @@ from glm53.cli.options import (
     RigOpt,
     refuse_to_replace,
 )
-from glm53.errors import BadInput
-from glm53.fsutil import atomic_write_json
+from glm53.errors import BadInput, CheckFailed
+from glm53.fsutil import atomic_write_json, read_json
 from glm53.host.rig import load_rig
 from glm53.host.topology import format_cpu_list
 from glm53.output import Output
@@ -31,12 +31,13 @@ from glm53.plan.cache.render import render_comparison
 from glm53.plan.exllamav3.expert_cache import (
     RECIPE_PINNED_FRACTION,
     ExpertCachePlan,
+    check_cache_report,
     check_pinned_fraction,
     check_trace_matches,
     choose_pinned_fraction,
     size_cache,
 )
-from glm53.plan.exllamav3.render import render_exl3_plan, render_expert_cache
+from glm53.plan.exllamav3.render import render_cache_check, render_exl3_plan, render_expert_cache
 from glm53.plan.exllamav3.save import PLACEMENT_LEARN_FRACTION, SPLIT_STATS_FILENAME, finish_exl3_plan
 from glm53.plan.exllamav3.split import plan_exl3_for_host
 from glm53.plan.files import check_out_dir, env_lines
@@ -64,6 +65,7 @@ from glm53.plan.vllm.planner import plan_for_host
 from glm53.plan.vllm.render import render_plan
 from glm53.recipe.profiles import load_profile
 from glm53.serve.engines import engine_of
+from glm53.serve.engines.exllamav3.expert_cache import read_rankings
 
 plan_app = App(
     name="plan",
@@ -157,6 +159,14 @@ def host_cmd(
         Path | None,
         typer.Option("--out", help="Directory to write plan.json, plan.env and the rankings into." + OUT_POLICY),
     ] = None,
+    expert_cache: Annotated[
+        bool,
+        typer.Option(
+            "--expert-cache",
+            help="exl3-* profiles: serve the routed experts through glm53's GPU expert cache (EXPERT_CACHE=1); "
+            "sizes its slots per layer, and with --stats pins the hottest share.",
+        ),
+    ] = False,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
 ) -> None:
@@ -172,11 +182,18 @@ def host_cmd(
       glm53 plan host --gpu-memory 24GiB,24GiB --ram 128GiB --cpus 32cx2t/8
       glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090
       glm53 plan host --profile exl3-1gpu --rig one-3090 --stats routing.jsonl --out plan/
+      glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090 --expert-cache --stats routing.npz --out plan/
     """
     given = shape or {}
     if env and json_mode:
         raise BadInput("--env and --json both print to stdout: choose one")
     only = engine_of(load_profile(profile).engine).plan_shape_fields if profile is not None else None
+    if expert_cache and only is None:
+        raise BadInput(
+            "--expert-cache plans the GPU expert cache of the exllamav3 engine"
+            + (f"; profile {profile} runs on vllm" if profile is not None else ""),
+            fix="add --profile exl3-1gpu or --profile exl3-2x3090",
+        )
     if profile is not None and only is not None:  # the split planner: a shape of its own, no host resources
         vllm_only = [SHAPE_FLAG_NAMES[field] for field in SHAPE_FIELDS if field in given and field not in only]
         vllm_only += [
@@ -194,7 +211,7 @@ def host_cmd(
             rig=rig,
             stats=stats,
             gpus=(gpu_memory, gpus, gpu),
-            overrides={field: given.get(field) for field in only},
+            overrides={**{field: given.get(field) for field in only}, "expert_cache": expert_cache or None},
             learn_fraction=learn_fraction,
             host_root=host_root,
             env=env,
@@ -249,7 +266,7 @@ def _plan_exl3(
     rig: str | None,
     stats: Path | None,
     gpus: tuple[str | None, int | None, str | None],
-    overrides: dict[str, int | None],
+    overrides: dict[str, int | bool | None],
     learn_fraction: float | None,
     host_root: Path,
     env: bool,
@@ -452,6 +469,43 @@ def expert_cache_cmd(
         source=None if trace_path is None else str(trace_path),
     )
     output.result(plan, lambda console: render_expert_cache(plan, console))
+
+
+@plan_app.command("expert-cache-check")
+def expert_cache_check_cmd(
+    report_path: Annotated[
+        Path, typer.Argument(metavar="REPORT", help="The engine's expert-cache.json (in its run directory).")
+    ],
+    capture: Annotated[
+        Path,
+        typer.Argument(
+            metavar="CAPTURE", help="routing.npz the same serve recorded (glm53 serve --capture-routing DIR)."
+        ),
+    ],
+    stats: Annotated[
+        Path | None, typer.Option("--stats", help="The EXPERT_CACHE_STATS counts the pinned experts came from.")
+    ] = None,
+    json_mode: JsonOpt = False,
+) -> None:
+    """Check the engine's cache against glm53's simulator: every layer's hits equal on the routing it served.
+
+    Replays the capture's decode steps through the cache's policy with the report's window and pinned slots and
+    sets each layer's simulated hits beside the engine's. Exit 1 when any layer differs, looked up fewer
+    selections than the capture holds, or overflowed.
+
+    Examples:
+      glm53 plan expert-cache-check /run/user/1000/glm53/tabby-8000/expert-cache.json capture/routing.npz
+    """
+    output = Output(json_mode=json_mode)
+    report = read_json(report_path, what="the expert-cache report")
+    if not isinstance(report, dict):
+        raise BadInput(f"{report_path} is not an expert-cache report (a JSON object)")
+    trace = read_trace(capture)
+    rankings = read_rankings(stats) if stats is not None else None
+    check = check_cache_report(report, trace, rankings)
+    output.result(check, lambda console: render_cache_check(check, console))
+    if not check.equal:
+        raise CheckFailed("the engine's cache and the simulator differ", fix="see the rows above")
 
 
 SYNTH_FIELDS = ("steps", "layers", "experts", "top_k", "locality", "skew_min", "skew_max", "seed", "shifts")

@@ -492,6 +492,38 @@ _SPECS: tuple[KeySpec, ...] = (
         recipe=False,
         engines=_EXL3,
     ),
+    # --- exllamav3: glm53's GPU expert cache (pkgs/exllamav3/expert-cache), run inside TabbyAPI's process ---
+    _env(
+        "EXPERT_CACHE",
+        "1: one-token decode steps look their experts up in a per-layer GPU cache (pinned + LRU window), misses "
+        "copied from page-locked host memory; exact (docs/serve.md)",
+        recipe=False,
+        engines=_EXL3,
+        choices=("0", "1"),
+    ),
+    _env(
+        "EXPERT_CACHE_WINDOW",
+        "LRU slots per MoE layer beside the pinned ones (planner output)",
+        "int",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(0, 8192),
+    ),
+    _env(
+        "EXPERT_CACHE_PINNED",
+        "slots per MoE layer pinned to the layer's hottest experts by EXPERT_CACHE_STATS (planner output)",
+        "int",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(0, 8192),
+    ),
+    _env(
+        "EXPERT_CACHE_STATS",
+        "JSON of per-expert routing counts per MoE layer that ranks the pinned experts (the split's stats format)",
+        "path",
+        recipe=False,
+        engines=_EXL3,
+    ),
 )
 
 KEYS: dict[str, KeySpec] = {spec.key: spec for spec in _SPECS}

@@ -244,11 +244,105 @@ class ExpertCachePlan(BaseModel):
         return self.size.engine_args
 
 
+class CacheLayerCheck(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    layer: int
+    engine_hits: int
+    engine_misses: int
+    simulated_hits: int
+    overflow: int
+
+
+class CacheCheck(BaseModel):
+    """The engine's hit counts (its expert-cache.json) against glm53's simulator replaying the routing the engine
+    recorded while it served (`glm53 serve --capture-routing`), layer by layer."""
+
+    model_config = ConfigDict(frozen=True)
+
+    window: int
+    pinned: int
+    steps: int = Field(description="Decode steps in the capture.")
+    top_k: int
+    layers: list[CacheLayerCheck]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def equal(self) -> bool:
+        """Every layer: the engine's hits are the simulator's, it looked every decode selection up, no overflow."""
+        lookups = self.steps * self.top_k
+        return bool(self.layers) and all(
+            row.engine_hits == row.simulated_hits
+            and row.engine_hits + row.engine_misses == lookups
+            and not row.overflow
+            for row in self.layers
+        )
+
+
+def _layer_of(key: str) -> int:
+    """model.language_model.layers.12.mlp -> 12"""
+    try:
+        return int(key.split(".layers.")[1].split(".")[0])
+    except (IndexError, ValueError) as exc:
+        raise BadInput(f"the cache report names {key!r}, not a decoder layer's MoE module") from exc
+
+
+def check_cache_report(
+    report: dict[str, object], trace: RoutingTrace, rankings: dict[str, list[int]] | None = None
+) -> CacheCheck:
+    """Replay `trace` (the engine's decode steps) through the cache's policy with the report's window and pinned
+    slots (pinned experts by `rankings`, the EXPERT_CACHE_STATS counts) and set it beside the engine's counts."""
+    import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
+
+    from glm53.plan.cache.policies import pinned_lru_step_hits
+
+    try:
+        window, pinned = int(report["window"]), int(report["pinned"])  # type: ignore[call-overload]
+        layers = report["layers"]
+        assert isinstance(layers, dict)
+        counts = {
+            str(key): {name: int(value[name]) for name in ("hits", "misses", "overflow")}
+            for key, value in layers.items()
+        }
+    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+        raise BadInput(f"not an expert-cache report: {exc}", fix="give the engine's expert-cache.json") from exc
+    if pinned and rankings is None:
+        raise BadInput(
+            f"the report pins {pinned} experts a layer", fix="give the counts file it ranked them by (--stats)"
+        )
+    rows = []
+    for key, engine in sorted(counts.items(), key=lambda item: _layer_of(item[0])):
+        layer = _layer_of(key)
+        if layer not in trace.layers:
+            raise BadInput(
+                f"the capture has no routing of layer {layer} ({key})", fix="give the capture of the same serve"
+            )
+        index = trace.layers.index(layer)
+        ranking = np.array([(rankings or {}).get(key, list(range(trace.experts)))], dtype=np.int64)
+        if ranking.shape[1] != trace.experts:
+            raise BadInput(f"the counts of {key} rank {ranking.shape[1]} experts, the capture routes {trace.experts}")
+        hits = pinned_lru_step_hits(trace.routes[:, index : index + 1, :], trace.experts, ranking, [pinned], [window])
+        rows.append(
+            CacheLayerCheck(
+                key=key,
+                layer=layer,
+                engine_hits=engine["hits"],
+                engine_misses=engine["misses"],
+                simulated_hits=int(hits.hits.sum()),
+                overflow=engine["overflow"],
+            )
+        )
+    return CacheCheck(window=window, pinned=pinned, steps=trace.steps, top_k=trace.top_k, layers=rows)
+
+
 __all__ = [
     "RECIPE_PINNED_FRACTION",
+    "CacheCheck",
     "CacheSize",
     "ExpertCachePlan",
     "PinnedChoice",
+    "check_cache_report",
     "check_pinned_fraction",
     "check_trace_matches",
     "choose_pinned_fraction",

@@ -9,7 +9,7 @@ from rich.table import Table
 from glm53.constants import format_gib
 from glm53.host.topology import format_cpu_list
 from glm53.plan.cache.render import render_recommendation
-from glm53.plan.exllamav3.expert_cache import ExpertCachePlan
+from glm53.plan.exllamav3.expert_cache import CacheCheck, ExpertCachePlan
 from glm53.plan.exllamav3.split import Exl3Plan
 
 
@@ -83,6 +83,20 @@ def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
         )
     if plan.recommendation is not None:
         render_recommendation(plan.recommendation, console)
+    if plan.expert_cache is not None:
+        size = plan.expert_cache
+        console.print(
+            f"[bold]expert cache:[/bold] {size.slots} resident slots a MoE layer ({size.pinned} pinned + "
+            f"{size.window} LRU) and {size.staging} staging, {format_gib(size.used_bytes_per_gpu)} of "
+            f"{format_gib(size.cache_bytes_per_gpu)} a GPU over {size.layers_per_gpu} layers; host pool "
+            f"{format_gib(size.host_pool_bytes)} page-locked (every routed expert once)"
+        )
+        if plan.pinned_choice is not None:
+            choice = plan.pinned_choice
+            console.print(
+                f"  pinned share {choice.pinned_fraction:.0%} ({choice.label}): worst stress scenario "
+                f"{choice.worst_gain_over_lru:+.2%} hit rate vs plain LRU"
+            )
     console.print(
         f"CPU worker: {plan.threads} thread(s) on {format_cpu_list(plan.cpu_pool) or '-'}; "
         f"server on {format_cpu_list(plan.main_cpus) or '-'}"
@@ -127,3 +141,19 @@ def render_expert_cache(plan: ExpertCachePlan, console: Console) -> None:
         scores.add_row(name, f"{hit:.2%}", f"{lru:.2%}", f"{recipe:.2%}")
     console.print(scores)
     console.print(f"worst gain over plain LRU: {choice.worst_gain_over_lru * 100:+.2f} points")
+
+
+def render_cache_check(check: CacheCheck, console: Console) -> None:
+    """The engine's hit counts beside the simulator's, a row per layer."""
+    table = Table(title=f"expert cache: {check.pinned} pinned + {check.window} LRU slots, {check.steps} decode steps")
+    for column in ("layer", "engine hits", "simulated hits", "engine misses", "overflow"):
+        table.add_column(column, justify="right")
+    for row in check.layers:
+        table.add_row(
+            str(row.layer), str(row.engine_hits), str(row.simulated_hits), str(row.engine_misses), str(row.overflow)
+        )
+    console.print(table)
+    hits = sum(row.engine_hits for row in check.layers)
+    lookups = check.steps * check.top_k * len(check.layers)
+    verdict = "equal on every layer" if check.equal else "DIFFERENT"
+    console.print(f"{verdict}: {hits:,} hits of {lookups:,} lookups ({hits / max(1, lookups):.1%})")

@@ -20,6 +20,7 @@ from pathlib import Path
 from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.plan.cache.engine_cost import exl3_step_cost
 from glm53.plan.cache.recommend import recommend
+from glm53.plan.exllamav3.expert_cache import check_trace_matches, choose_pinned_fraction
 from glm53.plan.exllamav3.split import Exl3Plan, compare_placements, counts_by_layer, split_stats
 from glm53.plan.files import env_lines, make_out_dir
 from glm53.plan.finite import require_finite
@@ -46,7 +47,9 @@ def finish_exl3_plan(
 ) -> SavedExl3Plan:
     """Add the placement comparison (a trace and a split plan), then write the files when `out_dir` is given."""
     updates: dict[str, object] = {}
-    if isinstance(stats, RoutingTrace) and plan.offload.mode == "split":
+    if plan.expert_cache is not None:
+        plan = _choose_pinned(plan, model, stats)
+    elif isinstance(stats, RoutingTrace) and plan.offload.mode == "split":
         updates["placement"] = compare_placements(stats, plan.offload.split_experts, learn_fraction)
         experts = stats.experts
         updates["recommendation"] = recommend(
@@ -67,6 +70,9 @@ def finish_exl3_plan(
         atomic_write_json(stats_path, split_stats(model, counts_by_layer(stats)))
         files.append(stats_path)
         env, origins = dict(plan.env), dict(plan.origins)
+        if plan.expert_cache is not None and plan.expert_cache.pinned:
+            env["EXPERT_CACHE_STATS"] = str(stats_path)
+            origins["EXPERT_CACHE_STATS"] = "the --stats counts, per MoE module: they rank the pinned experts"
         if plan.recommendation is not None:
             chosen = plan.recommendation.engine("exllamav3")
             over_stock = chosen.worst_over_stock
@@ -82,6 +88,32 @@ def finish_exl3_plan(
     atomic_write_json(files[0], plan.model_dump(mode="json"))
     atomic_write_text(files[1], env_lines(plan.env))
     return SavedExl3Plan(plan, tuple(files))
+
+
+def _choose_pinned(plan: Exl3Plan, model: ModelFacts, stats: RoutingTrace | RoutingCounts | None) -> Exl3Plan:
+    """With a routing trace, the cache's pinned share: the pinned-LRU setting that holds up best on the trace and
+    its stress scenarios (never a quarter point below plain LRU on any); counts alone cannot be replayed."""
+    size = plan.expert_cache
+    assert size is not None
+    if not isinstance(stats, RoutingTrace):
+        if stats is None:
+            return plan
+        origins = {**plan.origins, "EXPERT_CACHE_PINNED": "routing counts cannot be replayed: plain LRU"}
+        return plan.model_copy(update={"origins": origins})
+    check_trace_matches(stats, model, source="--stats")
+    choice = choose_pinned_fraction(stats, size)
+    size = size.model_copy(update={"pinned": round(choice.pinned_fraction * size.slots)})
+    why = (
+        f"chosen on --stats: {choice.label} (worst stress scenario {choice.worst_gain_over_lru:+.2%} hit rate "
+        "vs plain LRU at the same slots)"
+    )
+    env = {**plan.env, "EXPERT_CACHE_WINDOW": str(size.window), "EXPERT_CACHE_PINNED": str(size.pinned)}
+    origins = {
+        **plan.origins,
+        "EXPERT_CACHE_WINDOW": f"{size.slots} resident slots less the pinned",
+        "EXPERT_CACHE_PINNED": why,
+    }
+    return plan.model_copy(update={"expert_cache": size, "pinned_choice": choice, "env": env, "origins": origins})
 
 
 __all__ = ["PLACEMENT_LEARN_FRACTION", "SPLIT_STATS_FILENAME", "SavedExl3Plan", "finish_exl3_plan"]

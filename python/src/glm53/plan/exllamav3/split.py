@@ -50,6 +50,7 @@ from glm53.host.rig import rig_topology
 from glm53.plan.cache.decode_cost import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
 from glm53.plan.cache.policies import exl3_dynamic
 from glm53.plan.cache.recommend import Recommendation
+from glm53.plan.exllamav3.expert_cache import CacheSize, PinnedChoice, size_cache
 from glm53.plan.inputs.cpu_sets import plan_cpu_sets
 from glm53.plan.inputs.gpus import GpuSpec, gpu_spec
 from glm53.plan.inputs.host_budget import Infeasible, host_budget
@@ -99,6 +100,7 @@ class Exl3Shape(BaseModel):
     host_bandwidth_source: str = "assumed: 60 GB/s effective host memory bandwidth"
     pool_threads: int | None = Field(default=None, ge=1)
     decode_context_tokens: int = Field(default=8192, gt=0)
+    expert_cache: bool = False  # EXPERT_CACHE=1: routed experts served through glm53's GPU expert cache
 
 
 class Exl3GpuLedger(BaseModel):
@@ -191,6 +193,10 @@ class Exl3Plan(BaseModel):
     # With a routing trace and a split: the recommended placement setting (glm53.plan.cache.recommend), whose
     # variables plan.env carries.
     recommendation: Recommendation | None = None
+    # EXPERT_CACHE=1: the GPU expert cache's slots per layer, sized from what the GPUs hold besides the experts,
+    # and (with a routing trace) the pinned share chosen for it.
+    expert_cache: CacheSize | None = None
+    pinned_choice: PinnedChoice | None = None
 
 
 def parse_cache_mode(value: str) -> tuple[int, int]:
@@ -660,6 +666,20 @@ def plan_exl3(
     if shape.pool_threads is not None:
         threads = min(threads, shape.pool_threads)
     env, origins = _engine_keys(gpus, shape, fitting[best], cache_size, threads)
+    expert_cache = None
+    if shape.expert_cache:
+        expert_cache = size_expert_cache(model, shape, budgets, cache_size)
+        for key, (value, why) in expert_cache_keys(expert_cache, model).items():
+            env[key] = value
+            origins[key] = why
+        env.pop("EXL3_MOE_CPU_THREADS", None)
+        origins.pop("EXL3_MOE_CPU_THREADS", None)
+        if fitting[best][0] != "gpu":
+            warnings.append(
+                "EXPERT_CACHE=1: ExLlamaV3's loader still loads every routed expert to the GPU as well (the "
+                f"cache's home copies), and {offload_text(fitting[best])}: this plan cannot start until the "
+                'host-resident loader lands (docs/serve.md, "The GPU expert cache")'
+            )
     kv_token = kv_bytes_per_token(model, shape.cache_bits)
     if kv_token and cache_size * kv_token > sum(g.total_bytes for g in gpus[: shape.gpus]) // 4:
         warnings.append(
@@ -693,7 +713,44 @@ def plan_exl3(
         env=env,
         origins=origins,
         warnings=warnings,
+        expert_cache=expert_cache,
     )
+
+
+def offload_text(placement: _Placement) -> str:
+    return placement[3].reason
+
+
+def size_expert_cache(model: ModelFacts, shape: Exl3Shape, budgets: list[int], cache_size: int) -> CacheSize:
+    """The cache's slots per MoE layer: on each GPU, what its budget holds beside its even share of the
+    non-expert weights, the KV cache, the recurrent state and the scratch; the fullest GPU decides."""
+    weights, cache, state = _fixed_bytes(model, shape, cache_size)
+    fixed = -(-(weights + cache + state) // shape.gpus) + scratch_bytes(model, shape)
+    room = min(budgets) - fixed
+    if room <= 0:
+        raise Infeasible(
+            f"EXPERT_CACHE=1: the GPUs' budgets ({', '.join(f'{b / GIB:.2f}' for b in budgets)} GiB) hold no "
+            f"expert beside {fixed / GIB:.2f} GiB of non-expert weights, KV cache and scratch a GPU",
+            constraint="gpu memory",
+            fix="a shorter MAX_MODEL_LEN or CACHE_MODE=Q8, or more GPUs",
+        )
+    return size_cache(model, room, gpus=shape.gpus, sequences=shape.max_num_seqs, flag="EXPERT_CACHE=1: the GPU budget")
+
+
+def expert_cache_keys(size: CacheSize, model: ModelFacts) -> dict[str, tuple[str, str]]:
+    """The engine keys of a sized cache (plain LRU: the pinned share comes with a routing trace), and why."""
+    per_layer = f"{size.cache_bytes_per_gpu / GIB:.2f} GiB a GPU over {size.layers_per_gpu} MoE layers"
+    return {
+        "EXPERT_CACHE": ("1", "the GPU expert cache (--expert-cache, or the profile's EXPERT_CACHE=1)"),
+        "EXPERT_CACHE_WINDOW": (
+            str(size.window),
+            f"resident slots that fit ({per_layer}, {size.staging} staging slots a layer beside them)",
+        ),
+        "EXPERT_CACHE_PINNED": (str(size.pinned), "no routing trace: plain LRU (--stats chooses a pinned share)"),
+        "EXL3_MOE_CPU_SPLIT": ("0", "expert cache: every routed expert is served from the GPU's slots"),
+        "CPU_MOE_OFFLOAD_LAYERS": ("0", "expert cache: every routed expert is served from the GPU's slots"),
+        "EXL3_MOE_CPU_SPLIT_LAYERS": ("0", "expert cache: no CPU split"),
+    }
 
 
 SWAP_INTERVAL = 128
@@ -826,6 +883,7 @@ def shape_from_exl3_profile(profile: object, **overrides: Any) -> Exl3Shape:
         "cache_bits": parse_cache_mode(str(value("CACHE_MODE") or "")),
         "max_num_seqs": integer("MAX_NUM_SEQS") or 1,
         "chunk_size": integer("CHUNK_SIZE") or Exl3Shape().chunk_size,
+        "expert_cache": str(value("EXPERT_CACHE") or "0") == "1",
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:

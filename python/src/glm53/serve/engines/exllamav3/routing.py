@@ -231,14 +231,19 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def after_import(package: str, then: Callable[[], None]) -> None:
+    """Run `then` now if `package` is imported already, else right after the program first imports it."""
+    if package in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(package, then))
+
+
 def install(out: Path) -> RoutingRecorder:
     """Hook ExLlamaV3's classes (see the module's docstring) once it is imported; every model built afterwards
     is recorded."""
     recorder = RoutingRecorder(out)
-    if "exllamav3" in sys.modules:
-        _hook(recorder)
-    else:
-        sys.meta_path.insert(0, _AfterImport("exllamav3", lambda: _hook(recorder)))
+    after_import("exllamav3", lambda: _hook(recorder))
     return recorder
 
 

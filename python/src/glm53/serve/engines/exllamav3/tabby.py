@@ -27,6 +27,8 @@ from pydantic import BaseModel, ConfigDict
 from glm53.errors import BadInput
 from glm53.recipe.profiles import BUILTIN_CHAT_TEMPLATE, CONFIG_SPECS, KEYS, Profile, parse_number_list
 from glm53.serve.chat_template import bounded_template_path
+from glm53.serve.engines.exllamav3.expert_cache import REPORT_NAME as EXPERT_CACHE_REPORT
+from glm53.serve.engines.exllamav3.expert_cache import cache_settings
 from glm53.serve.engines.exllamav3.routing import CAPTURE_NAME, TRACE_NAME
 from glm53.serve.launch import SECRET_ENV, LaunchSpec, PlanInput, check_host, exported_environment
 
@@ -138,12 +140,17 @@ def render_config(profile: Profile, *, model_dir: Path | str, host: str, port: i
 
 
 def tabby_command(
-    environ: Mapping[str, str], python: str, config_path: PurePosixPath, capture_routing: Path | None = None
+    environ: Mapping[str, str],
+    python: str,
+    config_path: PurePosixPath,
+    capture_routing: Path | None = None,
+    expert_cache: bool = False,
 ) -> tuple[list[str], str]:
     """The argv that starts TabbyAPI, and where its location came from. Relative paths are made absolute here:
     TabbyAPI starts in its run directory, where they would name nothing. With `capture_routing`, TabbyAPI's
     main.py runs under `glm53.serve.engines.exllamav3.routing`, which records ExLlamaV3's routing into that
-    directory."""
+    directory; with `expert_cache`, under `glm53.serve.engines.exllamav3.expert_cache`, which runs glm53's GPU
+    expert cache in ExLlamaV3 (and the recorder too, with `capture_routing`)."""
     directory = environ.get(TABBY_DIR_ENV)
     program = environ.get(TABBY_PYTHON_ENV) or python
     if "/" in program:
@@ -154,6 +161,12 @@ def tabby_command(
     else:
         main = f"${TABBY_DIR_ENV}/main.py"
         origin = f"${TABBY_DIR_ENV} is not set (a start stops until it names TabbyAPI's source tree)"
+    if expert_cache:
+        report = str(config_path.parent / EXPERT_CACHE_REPORT)
+        runner = ["-m", "glm53.serve.engines.exllamav3.expert_cache", "--report", report]
+        if capture_routing is not None:
+            runner += ["--capture", os.path.abspath(capture_routing)]
+        return [program, *runner, main, "--config", str(config_path)], f"{origin}; EXPERT_CACHE=1"
     if capture_routing is not None:
         recorder = ["-m", "glm53.serve.engines.exllamav3.routing", "--out", os.path.abspath(capture_routing)]
         return [program, *recorder, main, "--config", str(config_path)], f"{origin}; --capture-routing"
@@ -196,10 +209,15 @@ def build_tabby_launch(
     config = render_config(profile, model_dir=model_dir, host=host, port=port, api_key=api_key)
     directory = run_dir(port, environ)
     config_path = directory / CONFIG_NAME
-    argv, where = tabby_command(environ, python, config_path, capture_routing)
     origins = {f"config {field}": origin for field, origin in config.origins.items()}
-    origins["argv"] = where
     env, affinity = exported_environment(profile, plan, origins, refuse=_refused_by_tabby)
+    cache = cache_settings(env)
+    if cache is not None:
+        _refuse_cpu_experts_with_cache(profile)
+    if cache is not None and cache.stats is not None and not cache.stats.is_absolute():
+        env["EXPERT_CACHE_STATS"] = os.path.abspath(cache.stats)  # TabbyAPI starts in its run directory
+    argv, where = tabby_command(environ, python, config_path, capture_routing, expert_cache=cache is not None)
+    origins["argv"] = where
     return LaunchSpec(
         profile=profile.name,
         engine="exllamav3",
@@ -213,6 +231,21 @@ def build_tabby_launch(
         cwd=str(directory),
         files={CONFIG_NAME: config.text()},
     )
+
+
+def _refuse_cpu_experts_with_cache(profile: Profile) -> None:
+    """The cache serves experts through the GPU kernels' pointer tables: experts on the CPU worker have none."""
+    on_cpu = [
+        f"{key}={profile.value(key)}"
+        for key in ("EXL3_MOE_CPU_SPLIT", "CPU_MOE_OFFLOAD_LAYERS")
+        if profile.value(key) not in ("", "0")
+    ]
+    if on_cpu:
+        raise BadInput(
+            f"EXPERT_CACHE=1 with {' and '.join(on_cpu)}: the cache serves every routed expert from the GPU's slots, "
+            "the CPU worker's experts have no slot",
+            fix="set them to 0 (`glm53 plan host --expert-cache` does), or EXPERT_CACHE=0",
+        )
 
 
 def _check_capture_dir(directory: Path) -> None:

@@ -1,0 +1,332 @@
+"""glm53's GPU expert cache (pkgs/exllamav3/expert-cache) inside ExLlamaV3's own process, as TabbyAPI serves.
+
+`glm53 serve` with EXPERT_CACHE=1 starts TabbyAPI as
+    PYTHON -m glm53.serve.engines.exllamav3.expert_cache --report RUN_DIR/expert-cache.json
+        [--capture DIR] TABBYAPI/main.py --config RUN_DIR/config.yml
+which hooks ExLlamaV3 1.4.6's classes once the program imports `exllamav3` (as the routing recorder does,
+`glm53.serve.engines.exllamav3.routing`; with --capture both run) and then runs main.py as `__main__`, unchanged:
+
+- at a MoE layer's first one-token pass (its pointer tables exist and a deferred load has filled its experts),
+  the layer gets a cache of EXPERT_CACHE_PINNED + EXPERT_CACHE_WINDOW + top_k slots: a page-locked, mapped host
+  pool holding every routed expert once (gate|up|down trellis), the slots on the layer's GPU, and the lookup's
+  directory. The pinned slots hold the layer's hottest experts by EXPERT_CACHE_STATS (`{module key: [count per
+  expert]}`).
+- `routing_fn`: after the router of a one-token pass, `glm53_expert_cache.lookup` rewrites the layer's pointer
+  tables (hits -> their slot, misses -> a newly admitted slot, evicted experts -> home) and `fetch` copies the
+  misses from the host pool on a promotion stream that the layer's experts then wait for. No host sync: the
+  engine's graphs read the rewritten tables. Prefill (several rows) reads the same tables; every slot holds its
+  expert's exact bytes, so the output is the all-resident model's.
+- `Generator.on_queue_drained`: the hit, miss and overflow counts of every layer go to --report (JSON, replaced
+  atomically) and one line to stderr.
+
+ExLlamaV3's loader is unchanged: every routed expert is still loaded to the GPU as well (their home copies), so
+this runs the cache's policy, copies and exactness inside the engine but does not yet save VRAM (docs/serve.md,
+"The GPU expert cache"). Only torch, ExLlamaV3 and the cache's extension are imported, and only in that process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import runpy
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from glm53.errors import BadInput
+from glm53.fsutil import atomic_write_bytes
+from glm53.serve.engines.exllamav3 import routing
+from glm53.serve.engines.exllamav3.routing import after_import
+
+REPORT_NAME = "expert-cache.json"
+EXTENSION = "glm53_expert_cache"
+KEYS = ("EXPERT_CACHE", "EXPERT_CACHE_WINDOW", "EXPERT_CACHE_PINNED", "EXPERT_CACHE_STATS")
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """The cache of every MoE layer: `pinned` slots of its hottest experts, an LRU `window` beside them."""
+
+    window: int
+    pinned: int
+    stats: Path | None
+
+
+def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
+    """The cache's settings from the engine's environment (the profile's keys); None when EXPERT_CACHE is not 1.
+    A setting the cache cannot run is BadInput naming the key."""
+    if env.get("EXPERT_CACHE", "0") in ("", "0"):
+        return None
+    if env["EXPERT_CACHE"] != "1":
+        raise BadInput(f"EXPERT_CACHE={env['EXPERT_CACHE']} is neither 0 nor 1", fix="set EXPERT_CACHE=1 or 0")
+
+    def count(key: str, default: int | None = None) -> int:
+        raw = env.get(key, "")
+        if raw == "" and default is not None:
+            return default
+        if raw == "":
+            raise BadInput(
+                f"EXPERT_CACHE=1 needs {key}",
+                fix=f"plan it (`EXPERT_CACHE=1 glm53 plan host --profile exl3-...`) or --set {key}=N",
+            )
+        if not raw.isdigit():
+            raise BadInput(f"{key}={raw} is not a count of slots", fix=f"--set {key}=N with N >= 0")
+        return int(raw)
+
+    window, pinned = count("EXPERT_CACHE_WINDOW"), count("EXPERT_CACHE_PINNED", default=0)
+    if window + pinned == 0:
+        raise BadInput(
+            "EXPERT_CACHE_WINDOW=0 and EXPERT_CACHE_PINNED=0 leave the cache no resident slot",
+            fix="give the window slots (the planner sizes it from the GPUs' memory), or set EXPERT_CACHE=0",
+        )
+    stats = Path(env["EXPERT_CACHE_STATS"]) if env.get("EXPERT_CACHE_STATS") else None
+    if pinned and stats is None:
+        raise BadInput(
+            f"EXPERT_CACHE_PINNED={pinned} needs EXPERT_CACHE_STATS: the pinned experts are the hottest of its counts",
+            fix="plan with a routing trace (`glm53 plan host --stats FILE --out DIR`) or set EXPERT_CACHE_PINNED=0",
+        )
+    if stats is not None:
+        read_rankings(stats)  # refused now, not when the model loads
+    return CacheSettings(window=window, pinned=pinned, stats=stats)
+
+
+def read_rankings(path: Path) -> dict[str, list[int]]:
+    """Each MoE module's experts, hottest first, from a counts file (`{module key: [count per expert]}`, the
+    format of ExLlamaV3's EXL3_MOE_CPU_SPLIT_STATS, which `glm53 plan host --stats` writes)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"EXPERT_CACHE_STATS {path}: {exc}", fix="name the counts file the planner wrote") from exc
+    if not isinstance(data, dict) or not data:
+        raise BadInput(f"EXPERT_CACHE_STATS {path} is not a JSON object of MoE module keys to counts")
+    rankings = {}
+    for key, counts in data.items():
+        if not (
+            isinstance(counts, list)
+            and counts
+            and all(isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) for c in counts)
+        ):
+            raise BadInput(f"EXPERT_CACHE_STATS {path}: {key!r} is not a list of finite counts")
+        rankings[str(key)] = sorted(range(len(counts)), key=lambda e: (-counts[e], e))
+    return rankings
+
+
+class LayerCache:
+    """One MoE layer's cache: host pool, slots, directory, and the layer's live pointer tables."""
+
+    def __init__(self, mlp: Any, settings: CacheSettings, ranking: Sequence[int], ext: Any) -> None:
+        import torch  # heavy: only inside the engine's process
+
+        self.ext = ext
+        experts, top_k = int(mlp.num_experts), int(mlp.num_experts_per_tok)
+        gate, up, down = (m.linears for m in (mlp.multi_gate, mlp.multi_up, mlp.multi_down))
+        parts = [gate[0].inner.trellis, up[0].inner.trellis, down[0].inner.trellis]
+        sizes = [t.numel() * t.element_size() for t in parts]
+        self.offsets = [0, sizes[0], sizes[0] + sizes[1]]
+        self.slot_bytes = sum(sizes)
+        device = parts[0].device
+        self.pinned, self.window, self.top_k = settings.pinned, settings.window, top_k
+        if self.pinned + self.window > experts:
+            raise BadInput(
+                f"{mlp.key}: EXPERT_CACHE_PINNED + EXPERT_CACHE_WINDOW = {self.pinned + self.window} slots for "
+                f"{experts} experts",
+                fix=f"at most {experts} resident slots a layer",
+            )
+        slots = self.pinned + self.window + top_k
+        self.tables = [mlp.multi_gate.ptrs_trellis, mlp.multi_up.ptrs_trellis, mlp.multi_down.ptrs_trellis]
+        self.home = [t.clone() for t in self.tables]
+        # every expert once, gate|up|down, exact size (no power-of-two rounding), page-locked and mapped
+        self.host = torch.empty((experts, self.slot_bytes), dtype=torch.uint8)
+        for e in range(experts):
+            row = [gate[e].inner.trellis, up[e].inner.trellis, down[e].inner.trellis]
+            self.host[e].copy_(torch.cat([t.contiguous().view(torch.uint8).flatten() for t in row]).cpu())
+        self.host_address = ext.host_register(self.host)
+        self.pool = torch.empty((slots, self.slot_bytes), dtype=torch.uint8, device=device)
+        self.slot_of = torch.full((experts,), -1, dtype=torch.int32, device=device)
+        self.expert_of = torch.full((slots,), -1, dtype=torch.int32, device=device)
+        self.stamp = torch.full((slots,), -1, dtype=torch.long, device=device)
+        self.state = torch.zeros(ext.STATE_FIELDS, dtype=torch.long, device=device)
+        self.miss_e = torch.zeros(top_k, dtype=torch.int32, device=device)
+        self.miss_s = torch.zeros(top_k, dtype=torch.int32, device=device)
+        self.miss_n = torch.zeros(1, dtype=torch.int32, device=device)
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        for slot, expert in enumerate(list(ranking)[: self.pinned]):
+            self.pool[slot].copy_(self.host[expert].to(device))
+            self.slot_of[expert] = slot
+            self.expert_of[slot] = expert
+            for table, offset in zip(self.tables, self.offsets, strict=True):
+                table[expert] = self.pool.data_ptr() + slot * self.slot_bytes + offset
+
+    def resolve(self, selected: Any) -> None:
+        """Look one step's selections up and copy its misses in before the layer's experts run."""
+        import torch  # heavy: only inside the engine's process
+
+        self.ext.lookup(
+            selected.contiguous(), self.slot_of, self.expert_of, self.stamp, self.state, self.miss_e, self.miss_s,
+            self.miss_n, *self.tables, *self.offsets, self.pool, self.slot_bytes, self.pinned, self.window,
+            *self.home,
+        )  # fmt: skip
+        main = torch.cuda.current_stream()
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            self.ext.fetch(
+                self.miss_e, self.miss_s, self.miss_n, self.state, self.host_address, self.slot_bytes, self.pool,
+                self.slot_bytes, self.top_k, 8, 0.0,
+            )  # fmt: skip
+        main.wait_stream(self.stream)
+
+    def counts(self) -> dict[str, int]:
+        state = self.state.tolist()
+        return {
+            "steps": int(state[self.ext.STATE_STEP]),
+            "hits": int(state[self.ext.STATE_HITS]),
+            "misses": int(state[self.ext.STATE_MISSES]),
+            "overflow": int(state[self.ext.STATE_OVERFLOW]),
+        }
+
+    def close(self) -> None:
+        self.ext.host_unregister(self.host)
+
+
+class CacheRuntime:
+    """Every layer's cache in this process, and its report."""
+
+    def __init__(self, settings: CacheSettings, report: Path, ext: Any) -> None:
+        self.settings = settings
+        self.report = report
+        self.ext = ext
+        self.rankings = read_rankings(settings.stats) if settings.stats is not None else {}
+        self.layers: dict[str, LayerCache] = {}
+        self.skipped: set[str] = set()
+        self.lock = threading.Lock()
+
+    def attach(self, mlp: Any) -> LayerCache | None:
+        import torch  # heavy: only inside the engine's process
+
+        if mlp.multi_gate is None or mlp.multi_up is None or mlp.multi_down is None:
+            # not served through the pointer-table kernels (unquantized, or its experts on the CPU worker)
+            self.skipped.add(mlp.key)
+            print(f"glm53 expert cache: {mlp.key} has no expert pointer tables; not cached", file=sys.stderr)
+            return None
+        ranking = self.rankings.get(mlp.key)
+        if self.settings.pinned and ranking is None:
+            raise BadInput(f"EXPERT_CACHE_STATS {self.settings.stats} has no counts for {mlp.key}")
+        with torch.inference_mode():  # the engine's tables are inference tensors
+            cache = LayerCache(mlp, self.settings, ranking or [], self.ext)
+        with self.lock:
+            self.layers[mlp.key] = cache
+        return cache
+
+    def detach(self, mlp: Any) -> None:
+        cache = self.layers.pop(getattr(mlp, "key", ""), None)
+        if cache is not None:
+            cache.close()
+
+    def write_report(self) -> dict[str, Any]:
+        with self.lock:
+            layers = {key: cache.counts() for key, cache in self.layers.items()}
+        hits = sum(c["hits"] for c in layers.values())
+        misses = sum(c["misses"] for c in layers.values())
+        report = {
+            "window": self.settings.window,
+            "pinned": self.settings.pinned,
+            "stats": str(self.settings.stats) if self.settings.stats else None,
+            "hits": hits,
+            "misses": misses,
+            "hit_rate": hits / (hits + misses) if hits + misses else None,
+            "layers": layers,
+        }
+        atomic_write_bytes(self.report, (json.dumps(report, indent=1) + "\n").encode())
+        rate = f"{report['hit_rate']:.1%}" if report["hit_rate"] is not None else "-"
+        print(f"glm53 expert cache: {len(layers)} layers, {hits} hits, {misses} misses ({rate})", file=sys.stderr)
+        return report
+
+
+def install(settings: CacheSettings, report: Path) -> None:
+    """Hook ExLlamaV3 (see the module's docstring) once the program imports it."""
+
+    def hook() -> None:
+        # optional: the cache's extension, built ahead beside exllamav3_ext (pkgs/exllamav3/default.nix)
+        ext = importlib.import_module(EXTENSION)
+        _hook(CacheRuntime(settings, report, ext))
+
+    after_import("exllamav3", hook)
+
+
+def _hook(runtime: CacheRuntime) -> None:
+    from exllamav3.generator.generator import Generator  # heavy: the engine, inside its own process
+    from exllamav3.modules.block_sparse_mlp import BlockSparseMLP  # heavy: the engine
+
+    original_init = BlockSparseMLP.__init__
+    original_unload = BlockSparseMLP.unload
+    original_drained = Generator.on_queue_drained
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        routing_fn = getattr(self, "routing_fn", None)
+        if routing_fn is None:
+            return
+
+        def routed(bsz: Any, cfg: Any, y: Any, params: dict[str, Any]) -> Any:
+            selected, weights = routing_fn(bsz, cfg, y, params)
+            if selected.shape[0] == 1 and not params.get("autosplit_measure") and selected.is_cuda:
+                cache = runtime.layers.get(self.key)
+                if cache is None and self.key not in runtime.skipped:
+                    # Made at the first decode step, not at load: a deferred load fills the experts' tensors
+                    # only after the layer's load returns, so they are read once they hold the checkpoint.
+                    cache = runtime.attach(self)
+                if cache is not None:
+                    cache.resolve(selected)
+            return selected, weights
+
+        self.routing_fn = routed
+
+    def unload(self: Any) -> None:
+        runtime.detach(self)
+        original_unload(self)
+
+    def on_queue_drained(self: Any) -> None:
+        original_drained(self)
+        runtime.write_report()
+
+    BlockSparseMLP.__init__ = init  # type: ignore[method-assign]
+    BlockSparseMLP.unload = unload  # type: ignore[method-assign]
+    Generator.on_queue_drained = on_queue_drained  # type: ignore[method-assign]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m glm53.serve.engines.exllamav3.expert_cache",
+        description="Run a Python program (TabbyAPI's main.py) with glm53's GPU expert cache in ExLlamaV3 "
+        "(settings from EXPERT_CACHE, EXPERT_CACHE_WINDOW, EXPERT_CACHE_PINNED, EXPERT_CACHE_STATS).",
+    )
+    parser.add_argument("--report", type=Path, required=True, help="JSON file for the cache's counts.")
+    parser.add_argument("--capture", type=Path, help="Also record ExLlamaV3's routing into this directory.")
+    parser.add_argument("program", help="The Python file to run as __main__ (TabbyAPI's main.py).")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="Its arguments.")
+    parsed = parser.parse_args(argv)
+    try:
+        settings = cache_settings(os.environ)
+    except BadInput as exc:
+        print(f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else ""), file=sys.stderr)
+        return 2
+    if settings is not None:
+        install(settings, parsed.report)
+    if parsed.capture is not None:
+        parsed.capture.mkdir(parents=True, exist_ok=True)
+        routing.install(parsed.capture)
+    program = os.path.abspath(parsed.program)
+    sys.argv = [program, *parsed.args]
+    sys.path.insert(0, os.path.dirname(program))  # as `python main.py` would: TabbyAPI imports its own packages
+    runpy.run_path(program, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,6 +14,7 @@ from glm53.plan.vllm.planner import Plan
 
 
 def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None) -> None:
+    """The vLLM plan: its shape, then each ledger and the cache in turn, then --env's lines."""
     shape = plan.shape
     console.print(f"[bold]Plan[/bold] for {plan.model} ({plan.model_source})")
     console.print(
@@ -21,7 +22,22 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
         f"{shape.max_num_seqs} sequence(s), {shape.max_num_batched_tokens:,} batched tokens, "
         f"GPU memory utilization {shape.gpu_memory_utilization}"
     )
+    _render_gpu_ledger(plan, console)
+    _render_kv(plan, console)
+    _render_host(plan, console)
+    _render_cpu_sets(plan, console)
+    _render_cache(plan, console)
+    if env is not None:
+        table = Table(title="Environment (--env)", title_justify="left")
+        table.add_column("key")
+        table.add_column("value", overflow="fold")
+        for key, value in env.items():
+            table.add_row(key, value)
+        console.print(table)
 
+
+def _render_gpu_ledger(plan: Plan, console: Console) -> None:
+    """The GPU memory ledger, per GPU."""
     gpus = Table(title="GPU memory ledger (per GPU)", title_justify="left")
     gpus.add_column("item")
     for gpu in plan.gpus:
@@ -44,6 +60,9 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
     gpus.add_row("staging slots", *(f"{g.staging_slots:,}" for g in plan.gpus))
     console.print(gpus)
 
+
+def _render_kv(plan: Plan, console: Console) -> None:
+    """The KV cache's derivation, per GPU, beside the recipe's figures."""
     kv = plan.kv
     d = kv.derivation
     table = Table(title="KV cache derivation (per GPU)", title_justify="left")
@@ -69,6 +88,9 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
     table.add_row("recipe: derived for the same bytes", f"{cmp.derived_tokens:,} tokens ({-cmp.gap_fraction:+.1%})")
     console.print(table)
 
+
+def _render_host(plan: Plan, console: Console) -> None:
+    """The host memory ledger."""
     host = plan.host
     table = Table(title="Host memory ledger", title_justify="left")
     table.add_column("item")
@@ -86,6 +108,9 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
     table.add_row("outside the budget", format_gib(host.outside_budget_bytes), "reserve for the system")
     console.print(table)
 
+
+def _render_cpu_sets(plan: Plan, console: Console) -> None:
+    """The CPU sets of the serving process and the expert pools."""
     cpus = plan.cpu_sets
     table = Table(title="CPU sets", title_justify="left")
     table.add_column("set")
@@ -102,6 +127,9 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
     table.add_row("NUMA placement", cpus.placement or "-")
     console.print(table)
 
+
+def _render_cache(plan: Plan, console: Console) -> None:
+    """The GPU expert cache per layer run, its hit rate, the prediction and the warnings."""
     cache = plan.cache
     table = Table(title=f"GPU expert cache: {cache.strategy} ({cache.source or 'no statistics'})", title_justify="left")
     for column in ("layers", "slots", "pinned", "LRU window", "hit rate"):
@@ -138,13 +166,6 @@ def render_plan(plan: Plan, console: Console, env: dict[str, str] | None = None)
         )
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
-    if env is not None:
-        table = Table(title="Environment (--env)", title_justify="left")
-        table.add_column("key")
-        table.add_column("value", overflow="fold")
-        for key, value in env.items():
-            table.add_row(key, value)
-        console.print(table)
 
 
 def _rate(layers: list[LayerCache]) -> str:

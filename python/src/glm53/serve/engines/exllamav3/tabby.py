@@ -210,6 +210,7 @@ def build_tabby_launch(
     directory = run_dir(port, environ)
     config_path = directory / CONFIG_NAME
     origins = {f"config {field}": origin for field, origin in config.origins.items()}
+    origins["argv"] = ""  # its place among the origins; filled once the environment says which runner starts
     env, affinity = exported_environment(profile, plan, origins, refuse=_refused_by_tabby)
     cache = cache_settings(env)
     if cache is not None:

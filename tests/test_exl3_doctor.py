@@ -198,3 +198,21 @@ def test_cli_doctor_for_an_exl3_profile_reports_instead_of_crashing(monkeypatch:
     assert checks["tabbyapi"]["status"] == "fail" and ENGINE_LIBRARIES_CHECK not in checks
     assert checks["compute capability"]["status"] == "ok"
     assert "tabbyapi" in result.stderr
+
+
+def test_the_expert_cache_needs_its_prebuilt_extension() -> None:
+    """EXPERT_CACHE=1 adds a check of glm53_expert_cache; without the key there is no such check."""
+    cached = load_profile(
+        "exl3-2x3090", environ={}, overrides=[("EXPERT_CACHE", "1"), ("EXPERT_CACHE_WINDOW", "82")]
+    )
+    need = requirements_for(cached)
+    assert need.expert_cache
+    facts = _facts(two_3090s())
+    missing = run_checks(facts, need, load_limits("exllamav3"))
+    status, detail, fix = _by_name(missing)["expert cache extension"]
+    assert status == "fail" and "glm53_expert_cache" in detail and fix is not None and "build_ext.py" in fix
+    built = facts.model_copy(
+        update={"exl3": READY.model_copy(update={"cache_extension": "/opt/exl3/lib/glm53_expert_cache.so"})}
+    )
+    assert _by_name(run_checks(built, need, load_limits("exllamav3")))["expert cache extension"][0] == "ok"
+    assert "expert cache extension" not in _by_name(_report(facts))

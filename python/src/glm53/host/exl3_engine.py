@@ -10,6 +10,7 @@ loading it (loading it would initialise CUDA).
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
@@ -21,6 +22,8 @@ from pydantic import BaseModel, ConfigDict
 TABBY_DIR_ENV = "GLM53_TABBYAPI_DIR"
 TABBY_PYTHON_ENV = "GLM53_TABBYAPI_PYTHON"
 EXTENSION_MODULE = "exllamav3_ext"
+# glm53's GPU expert cache (pkgs/exllamav3/expert-cache), built ahead beside exllamav3_ext
+CACHE_EXTENSION_MODULE = "glm53_expert_cache"
 
 
 class Exl3EngineFacts(BaseModel):
@@ -32,6 +35,7 @@ class Exl3EngineFacts(BaseModel):
     exllamav3_version: str | None
     extension: str | None  # where the prebuilt extension module is, None when only the JIT path is left
     fla_version: str | None
+    cache_extension: str | None = None  # where glm53_expert_cache is, None when it is not built
 
 
 def _version(name: str) -> str | None:
@@ -47,10 +51,7 @@ def read_exl3_engine(environ: Mapping[str, str] | None = None) -> Exl3EngineFact
     main = bool(directory) and all(
         (Path(directory or "") / name).is_file() for name in ("main.py", "common/config_models.py")
     )
-    try:
-        spec = importlib.util.find_spec(EXTENSION_MODULE)
-    except (ImportError, ValueError):
-        spec = None
+    spec, cache = _find(EXTENSION_MODULE), _find(CACHE_EXTENSION_MODULE)
     return Exl3EngineFacts(
         tabby_dir=directory,
         tabby_main=main,
@@ -58,7 +59,15 @@ def read_exl3_engine(environ: Mapping[str, str] | None = None) -> Exl3EngineFact
         exllamav3_version=_version("exllamav3"),
         extension=spec.origin if spec is not None and spec.origin else None,
         fla_version=_version("flash-linear-attention"),
+        cache_extension=cache.origin if cache is not None and cache.origin else None,
     )
 
 
-__all__ = ["Exl3EngineFacts", "read_exl3_engine"]
+def _find(module: str) -> importlib.machinery.ModuleSpec | None:
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
+__all__ = ["CACHE_EXTENSION_MODULE", "Exl3EngineFacts", "read_exl3_engine"]

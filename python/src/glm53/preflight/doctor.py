@@ -449,7 +449,7 @@ def run_checks(
     checks: list[DoctorFinding] = [check_platform(host)]
     if limits.engine != need.engine:
         raise ValueError(f"the limits are the {limits.engine} engine's; the profile runs {need.engine}")
-    checks += preflight_engine(need.engine).checks(facts, limits)
+    checks += preflight_engine(need.engine).checks(facts, need, limits)
     checks += check_gpus(host, need, limits)
     checks += [check_ram(host, need), check_memlock(host, need)]
     checks += check_shm(host)

@@ -61,6 +61,7 @@ class Requirements(BaseModel):
     pinned_memory: bool = False
     ram_bytes: int = TINY_RAM_BYTES
     engine: Engine = "vllm"
+    expert_cache: bool = False  # EXPERT_CACHE=1: glm53's GPU expert cache extension must be built
 
 
 class HostLimits(BaseModel):

@@ -319,6 +319,8 @@ def check_cache_report(
                 f"the capture has no routing of layer {layer} ({key})", fix="give the capture of the same serve"
             )
         index = trace.layers.index(layer)
+        if pinned and rankings is not None and key not in rankings:
+            raise BadInput(f"--stats has no counts for {key}, whose pinned experts the report counts")
         ranking = np.array([(rankings or {}).get(key, list(range(trace.experts)))], dtype=np.int64)
         if ranking.shape[1] != trace.experts:
             raise BadInput(f"the counts of {key} rank {ranking.shape[1]} experts, the capture routes {trace.experts}")

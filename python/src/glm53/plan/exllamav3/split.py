@@ -722,15 +722,29 @@ def offload_text(placement: _Placement) -> str:
 
 
 def size_expert_cache(model: ModelFacts, shape: Exl3Shape, budgets: list[int], cache_size: int) -> CacheSize:
-    """The cache's slots per MoE layer: on each GPU, what its budget holds beside its even share of the
-    non-expert weights, the KV cache, the recurrent state and the scratch; the fullest GPU decides."""
-    weights, cache, state = _fixed_bytes(model, shape, cache_size)
-    fixed = -(-(weights + cache + state) // shape.gpus) + scratch_bytes(model, shape)
-    room = min(budgets) - fixed
+    """The cache's slots per MoE layer. The decoder layers go to the GPUs in order, an equal count of MoE layers
+    each (the last GPU may hold fewer); each GPU's budget, less its own layers' non-expert weights, KV cache and
+    recurrent state (as the split's ledger counts them) and the scratch, is its room for slots; the GPU with the
+    least room decides."""
+    non_expert = layer_non_expert_bytes(model)
+    kv_layer = kv_bytes_per_token(model, shape.cache_bits) // max(1, len(model.dsa_layers))
+    state = recurrent_bytes_per_layer(model) * shape.max_num_seqs
+    dsa, moe = set(model.dsa_layers), set(model.moe_layers)
+    per_gpu = math.ceil(len(moe) / shape.gpus)
+    fixed = [scratch_bytes(model, shape)] * shape.gpus
+    gpu, held = 0, 0
+    for layer in range(model.num_hidden_layers):
+        if layer in moe and held == per_gpu:
+            gpu, held = gpu + 1, 0
+        held += layer in moe
+        fixed[gpu] += non_expert[layer] + (cache_size * kv_layer if layer in dsa else state)
+    rooms = [budget - used for budget, used in zip(budgets, fixed, strict=True)]
+    room = min(rooms)
     if room <= 0:
+        worst = rooms.index(room)
         raise Infeasible(
-            f"EXPERT_CACHE=1: the GPUs' budgets ({', '.join(f'{b / GIB:.2f}' for b in budgets)} GiB) hold no "
-            f"expert beside {fixed / GIB:.2f} GiB of non-expert weights, KV cache and scratch a GPU",
+            f"EXPERT_CACHE=1: GPU {worst}'s budget ({budgets[worst] / GIB:.2f} GiB) holds no expert beside its "
+            f"{fixed[worst] / GIB:.2f} GiB of non-expert weights, KV cache, recurrent state and scratch",
             constraint="gpu memory",
             fix="a shorter MAX_MODEL_LEN or CACHE_MODE=Q8, or more GPUs",
         )

@@ -27,7 +27,7 @@ class PreflightEngine(Protocol):
         """The engine's installation, where the doctor reads it (I/O)."""
         ...
 
-    def checks(self, facts: DoctorFacts, limits: HostLimits) -> list[DoctorFinding]:
+    def checks(self, facts: DoctorFacts, need: Requirements, limits: HostLimits) -> list[DoctorFinding]:
         """The engine's own checks of the host."""
         ...
 

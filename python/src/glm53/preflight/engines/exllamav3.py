@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from glm53.host.exl3_engine import EXTENSION_MODULE, TABBY_DIR_ENV, Exl3EngineFacts, read_exl3_engine
+from glm53.host.exl3_engine import (
+    CACHE_EXTENSION_MODULE,
+    EXTENSION_MODULE,
+    TABBY_DIR_ENV,
+    Exl3EngineFacts,
+    read_exl3_engine,
+)
 from glm53.host.gpus import GpuInfo
 from glm53.preflight.models import (
     EXL3_MIN_COMPUTE_CAPABILITY,
@@ -94,18 +100,39 @@ class Exllamav3Preflight:
     runs_in_container = False
 
     def requirements(self, profile: Profile) -> Requirements:
-        return Requirements(engine="exllamav3", gpus=int(profile.value("GPUS") or "1"), ram_bytes=HOST_OVERHEAD_BYTES)
+        return Requirements(
+            engine="exllamav3",
+            gpus=int(profile.value("GPUS") or "1"),
+            ram_bytes=HOST_OVERHEAD_BYTES,
+            expert_cache=profile.value("EXPERT_CACHE") == "1",
+        )
 
     def read_engine(self) -> Exl3EngineFacts | None:
         return read_exl3_engine()
 
-    def checks(self, facts: DoctorFacts, limits: HostLimits) -> list[DoctorFinding]:
+    def checks(self, facts: DoctorFacts, need: Requirements, limits: HostLimits) -> list[DoctorFinding]:
         engine = facts.exl3 if facts.exl3 is not None else read_exl3_engine()
-        return check_exl3_engine(engine, facts.host.gpus, limits.exllamav3_version)
+        checks = check_exl3_engine(engine, facts.host.gpus, limits.exllamav3_version)
+        if need.expert_cache:
+            checks.append(check_cache_extension(engine))
+        return checks
 
     def gpu_count_fix(self, found: int, limits: HostLimits) -> str:
         # TENSOR_PARALLEL_SIZE is a vLLM key: an exllamav3 profile refuses it
         return f"use a profile for {found} GPU(s) (e.g. exl3-1gpu), or --set GPUS={found}"
+
+
+def check_cache_extension(facts: Exl3EngineFacts) -> DoctorFinding:
+    """EXPERT_CACHE=1 runs glm53's cache extension in TabbyAPI's process: prebuilt, never compiled at start."""
+    if facts.cache_extension:
+        return DoctorFinding(name="expert cache extension", status="ok", detail=f"prebuilt: {facts.cache_extension}")
+    return DoctorFinding(
+        name="expert cache extension",
+        status="fail",
+        detail=f"EXPERT_CACHE=1, and no {CACHE_EXTENSION_MODULE} module is importable",
+        fix="build it once for this GPU: EXL3_EXTENSION_NAME=glm53_expert_cache python3 pkgs/exllamav3/build_ext.py "
+        "pkgs/exllamav3/expert-cache SITE_DIR (Nix builds it into the exllamav3 package), or EXPERT_CACHE=0",
+    )
 
 
 EXLLAMAV3_PREFLIGHT = Exllamav3Preflight()

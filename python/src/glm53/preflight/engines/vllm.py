@@ -55,7 +55,7 @@ class VllmPreflight:
     def read_engine(self) -> Exl3EngineFacts | None:
         return None  # vLLM's own files are checked through the libraries it links
 
-    def checks(self, facts: DoctorFacts, limits: HostLimits) -> list[DoctorFinding]:
+    def checks(self, facts: DoctorFacts, need: Requirements, limits: HostLimits) -> list[DoctorFinding]:
         return [check_engine_libraries(facts.host)]
 
     def gpu_count_fix(self, found: int, limits: HostLimits) -> str:

@@ -39,6 +39,14 @@ def exl3_summary(plan: object) -> str:
         else f"GPU {g.index}: no layer"
         for g in plan.gpus
     )
+    if plan.expert_cache is not None:
+        size = plan.expert_cache
+        cache = (
+            f"expert cache: {size.slots} resident slots a MoE layer ({size.pinned} pinned + {size.window} LRU) "
+            f"and {size.staging} staging, {size.used_bytes_per_gpu / GIB:.1f} GiB a GPU; host pool "
+            f"{size.host_pool_bytes / GIB:.1f} GiB"
+        )
+        return "; ".join([cache, *(f"warning: {warning}" for warning in plan.warnings)])
     return (
         f"{plan.offload.reason}; {gpus}; host RAM {plan.host.cpu_expert_bytes / GIB:.1f} GiB of experts "
         f"of a {plan.host.budget_bytes / GIB:.0f} GiB budget; predicted {plan.prediction.tokens_per_s:g} tok/s "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -75,7 +76,7 @@ def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
                 f"EXPERT_CACHE=1 needs {key}",
                 fix=f"plan it (`EXPERT_CACHE=1 glm53 plan host --profile exl3-...`) or --set {key}=N",
             )
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):
             raise BadInput(f"{key}={raw} is not a count of slots", fix=f"--set {key}=N with N >= 0")
         return int(raw)
 
@@ -99,22 +100,38 @@ def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
 def read_rankings(path: Path) -> dict[str, list[int]]:
     """Each MoE module's experts, hottest first, from a counts file (`{module key: [count per expert]}`, the
     format of ExLlamaV3's EXL3_MOE_CPU_SPLIT_STATS, which `glm53 plan host --stats` writes)."""
+    fix = "name the counts file `glm53 plan host --stats TRACE --out DIR` wrote (DIR/exl3-split-stats.json)"
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"EXPERT_CACHE_STATS {path}: {exc}", fix="name the counts file the planner wrote") from exc
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, or an integer too long
+        raise BadInput(f"EXPERT_CACHE_STATS {path}: {exc}", fix=fix) from exc
     if not isinstance(data, dict) or not data:
-        raise BadInput(f"EXPERT_CACHE_STATS {path} is not a JSON object of MoE module keys to counts")
+        raise BadInput(f"EXPERT_CACHE_STATS {path} is not a JSON object of MoE module keys to counts", fix=fix)
     rankings = {}
     for key, counts in data.items():
-        if not (
-            isinstance(counts, list)
-            and counts
-            and all(isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) for c in counts)
-        ):
-            raise BadInput(f"EXPERT_CACHE_STATS {path}: {key!r} is not a list of finite counts")
-        rankings[str(key)] = sorted(range(len(counts)), key=lambda e: (-counts[e], e))
+        numbers = _finite_counts(counts)
+        if numbers is None:
+            raise BadInput(f"EXPERT_CACHE_STATS {path}: {key!r} is not a list of finite counts", fix=fix)
+        rankings[str(key)] = sorted(range(len(numbers)), key=lambda e: (-numbers[e], e))
     return rankings
+
+
+def _finite_counts(counts: object) -> list[float] | None:
+    """The counts as floats, or None when they are not a non-empty list of finite numbers."""
+    if not isinstance(counts, list) or not counts:
+        return None
+    numbers = []
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int | float):
+            return None
+        try:
+            number = float(count)
+        except OverflowError:  # an integer no float holds
+            return None
+        if not math.isfinite(number):
+            return None
+        numbers.append(number)
+    return numbers
 
 
 class LayerCache:
@@ -316,6 +333,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         print(f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else ""), file=sys.stderr)
         return 2
+    if settings is not None and importlib.util.find_spec(EXTENSION) is None:
+        # found, not imported: importing it loads torch before TabbyAPI chooses torch's allocator
+        print(
+            f"error: EXPERT_CACHE=1 and this Python ({sys.executable}) has no {EXTENSION} module\n"
+            "fix: build it with pkgs/exllamav3/build_ext.py (`glm53 doctor` says how), or EXPERT_CACHE=0",
+            file=sys.stderr,
+        )
+        return 3
     if settings is not None:
         install(settings, parsed.report)
     if parsed.capture is not None:

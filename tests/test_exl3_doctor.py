@@ -202,9 +202,7 @@ def test_cli_doctor_for_an_exl3_profile_reports_instead_of_crashing(monkeypatch:
 
 def test_the_expert_cache_needs_its_prebuilt_extension() -> None:
     """EXPERT_CACHE=1 adds a check of glm53_expert_cache; without the key there is no such check."""
-    cached = load_profile(
-        "exl3-2x3090", environ={}, overrides=[("EXPERT_CACHE", "1"), ("EXPERT_CACHE_WINDOW", "82")]
-    )
+    cached = load_profile("exl3-2x3090", environ={}, overrides=[("EXPERT_CACHE", "1"), ("EXPERT_CACHE_WINDOW", "82")])
     need = requirements_for(cached)
     assert need.expert_cache
     facts = _facts(two_3090s())

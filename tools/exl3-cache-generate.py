@@ -53,7 +53,7 @@ def main() -> int:
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
     from glm53.plan.cache.policies import pinned_lru_step_hits
-    from glm53.serve.engines.exllamav3.expert_cache import CacheSettings, LayerCache
+    from glm53.serve.engines.exllamav3.expert_cache import CacheSettings, LayerExpertCache
 
     # after torch, whose libraries the module links against
     cache_ext = importlib.import_module("glm53_expert_cache")
@@ -140,7 +140,7 @@ def main() -> int:
     with torch.inference_mode():  # the engine's tables are inference tensors
         for m, ranking in zip(layers, rankings, strict=True):
             m.glm53_decode_routes = []
-            m.glm53_cache = LayerCache(m, settings, ranking.tolist(), cache_ext)
+            m.glm53_cache = LayerExpertCache(m, settings, ranking.tolist(), cache_ext)
     cached_tokens, cached_s = generate()
     cached_routes = [list(m.glm53_decode_routes) for m in layers]
     hits = [int(m.glm53_cache.state[cache_ext.STATE_HITS].item()) for m in layers]

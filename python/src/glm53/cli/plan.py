@@ -182,7 +182,7 @@ def host_cmd(
       glm53 plan host --gpu-memory 24GiB,24GiB --ram 128GiB --cpus 32cx2t/8
       glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090
       glm53 plan host --profile exl3-1gpu --rig one-3090 --stats routing.jsonl --out plan/
-      glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090 --expert-cache --stats routing.npz --out plan/
+      glm53 plan host --profile exl3-2x3090 --expert-cache --stats routing.npz --out plan/
     """
     given = shape or {}
     if env and json_mode:
@@ -494,7 +494,8 @@ def expert_cache_check_cmd(
     selections than the capture holds, or overflowed.
 
     Examples:
-      glm53 plan expert-cache-check /run/user/1000/glm53/tabby-8000/expert-cache.json capture/routing.npz
+      glm53 plan expert-cache-check RUN_DIR/expert-cache.json capture/routing.npz
+      glm53 plan expert-cache-check RUN/expert-cache.json r.npz --stats counts.json
     """
     output = Output(json_mode=json_mode)
     report = read_json(report_path, what="the expert-cache report")

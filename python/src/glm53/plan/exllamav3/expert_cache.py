@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from glm53.errors import BadInput
+from glm53.plan.cache.policies import pinned_lru_step_hits
 from glm53.plan.cache.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
 from glm53.plan.routing.shapes import stress_scenarios
 
@@ -294,8 +295,6 @@ def check_cache_report(
     """Replay `trace` (the engine's decode steps) through the cache's policy with the report's window and pinned
     slots (pinned experts by `rankings`, the EXPERT_CACHE_STATS counts) and set it beside the engine's counts."""
     import numpy as np  # heavy: numpy loads when a computation needs it, not with glm53.plan
-
-    from glm53.plan.cache.policies import pinned_lru_step_hits
 
     try:
         window, pinned = int(report["window"]), int(report["pinned"])  # type: ignore[call-overload]

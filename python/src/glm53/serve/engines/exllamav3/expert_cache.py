@@ -27,7 +27,6 @@ this runs the cache's policy, copies and exactness inside the engine but does no
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import math
@@ -134,7 +133,7 @@ def _finite_counts(counts: object) -> list[float] | None:
     return numbers
 
 
-class LayerCache:
+class LayerExpertCache:
     """One MoE layer's cache: host pool, slots, directory, and the layer's live pointer tables."""
 
     def __init__(self, mlp: Any, settings: CacheSettings, ranking: Sequence[int], ext: Any) -> None:
@@ -219,11 +218,11 @@ class CacheRuntime:
         self.report = report
         self.ext = ext
         self.rankings = read_rankings(settings.stats) if settings.stats is not None else {}
-        self.layers: dict[str, LayerCache] = {}
+        self.layers: dict[str, LayerExpertCache] = {}
         self.skipped: set[str] = set()
         self.lock = threading.Lock()
 
-    def attach(self, mlp: Any) -> LayerCache | None:
+    def attach(self, mlp: Any) -> LayerExpertCache | None:
         import torch  # heavy: only inside the engine's process
 
         if mlp.multi_gate is None or mlp.multi_up is None or mlp.multi_down is None:
@@ -235,7 +234,7 @@ class CacheRuntime:
         if self.settings.pinned and ranking is None:
             raise BadInput(f"EXPERT_CACHE_STATS {self.settings.stats} has no counts for {mlp.key}")
         with torch.inference_mode():  # the engine's tables are inference tensors
-            cache = LayerCache(mlp, self.settings, ranking or [], self.ext)
+            cache = LayerExpertCache(mlp, self.settings, ranking or [], self.ext)
         with self.lock:
             self.layers[mlp.key] = cache
         return cache
@@ -270,8 +269,9 @@ def install(settings: CacheSettings, report: Path) -> None:
 
     def hook() -> None:
         # optional: the cache's extension, built ahead beside exllamav3_ext (pkgs/exllamav3/default.nix)
-        ext = importlib.import_module(EXTENSION)
-        _hook(CacheRuntime(settings, report, ext))
+        import glm53_expert_cache  # type: ignore[import-not-found]
+
+        _hook(CacheRuntime(settings, report, glm53_expert_cache))
 
     after_import("exllamav3", hook)
 

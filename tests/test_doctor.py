@@ -287,3 +287,30 @@ def test_upstream_index_fails_until_install_repairs_it(tmp_path: Path) -> None:
     after = _by_name(_report(_facts("gpu-host", two_3090s(), model_dir=model), "agent-256k"))
     assert after["model index"][0] == "ok"
     assert after["model verified"][0] == "ok" and "index repaired" in after["model verified"][1]
+
+
+def test_the_gpu_paths_prerequisites_are_warnings_naming_their_fix() -> None:
+    """Beyond the driver, the README's GPU paths need Nix (the flake's outputs) and, for the vLLM engine's image,
+    a container runtime and CDI: each missing one is a warning with its fix, never a failure, since a serve from
+    a Python environment needs none of them."""
+    from glm53.preflight.doctor import check_gpu_path
+    from glm53.preflight.models import ContainerFacts, GpuPathFacts
+
+    bare = GpuPathFacts(nix=None, containers=ContainerFacts(runtimes=[], cdi_specs=[]))
+    found = {f.name: f for f in check_gpu_path(bare, image=True)}
+    assert set(found) == {"nix", "container runtime", "nvidia cdi"}
+    assert all(f.status == "warn" and f.fix for f in found.values())
+    assert "nix-command flakes" in (found["nix"].fix or "") and "nvidia-ctk cdi generate" in (
+        found["nvidia cdi"].fix or ""
+    )
+    assert [f.name for f in check_gpu_path(bare, image=False)] == ["nix"]  # ExLlamaV3 runs as a process
+    ready = GpuPathFacts(
+        nix="/usr/bin/nix", containers=ContainerFacts(runtimes=["podman"], cdi_specs=["/etc/cdi/nvidia.yaml"])
+    )
+    assert all(f.status == "ok" for f in check_gpu_path(ready, image=True))
+    # read from the host and checked for a GPU profile; the CPU profile asks nothing of them
+    facts = _facts("gpu-host", two_3090s()).model_copy(update={"gpu_path": bare})
+    report = run_checks(facts, requirements_for(load_profile("agent-256k", environ={})), load_limits())
+    assert {"nix", "container runtime", "nvidia cdi"} <= {c.name for c in report.checks}
+    tiny = run_checks(facts, requirements_for(load_profile("cpu-tiny", environ={})), load_limits())
+    assert "nix" not in {c.name for c in tiny.checks}

@@ -19,8 +19,6 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from glm53.checkpoint.index_repair import check_index
 from glm53.checkpoint.verify import verify_checkpoint
 from glm53.constants import DEFAULT_HOST, GIB, MIB
@@ -36,10 +34,12 @@ from glm53.preflight.models import (
     MIN_KERNEL,
     REQUIRED_CPU_FLAGS,
     SYSTEM_MEMORY_TOLERANCE,
+    ContainerFacts,
     DoctorFacts,
     DoctorFinding,
     DoctorReport,
     DoctorResult,
+    GpuPathFacts,
     HostLimits,
     Requirements,
     Status,
@@ -139,7 +139,8 @@ def read_facts(
     pre = preflight_engine(engine)
     libraries = engine_libraries if pre.reads_engine_libraries else None
     facts = read_host_facts(root, gpu_reader=gpu_reader, engine_libraries=libraries, machine=machine)
-    return DoctorFacts(host=facts, target=target, exl3=pre.read_engine())
+    gpu_path = GpuPathFacts(nix=shutil.which("nix"), containers=read_container_facts(root))
+    return DoctorFacts(host=facts, target=target, exl3=pre.read_engine(), gpu_path=gpu_path)
 
 
 # ---------------------------------------------------------------- checks (pure)
@@ -450,6 +451,8 @@ def run_checks(
     if limits.engine != need.engine:
         raise ValueError(f"the limits are the {limits.engine} engine's; the profile runs {need.engine}")
     checks += preflight_engine(need.engine).checks(facts, need, limits)
+    if need.gpus and facts.gpu_path is not None:
+        checks += check_gpu_path(facts.gpu_path, image=preflight_engine(need.engine).runs_in_container)
     checks += check_gpus(host, need, limits)
     checks += [check_ram(host, need), check_memlock(host, need)]
     checks += check_shm(host)
@@ -462,15 +465,6 @@ def run_checks(
 # hardware.nvidia-container-toolkit writes /var/run/cdi/nvidia-container-toolkit.json).
 CDI_DIRS = ("etc/cdi", "var/run/cdi", "run/cdi")
 CONTAINER_RUNTIMES = ("podman", "docker")
-
-
-class ContainerFacts(BaseModel):
-    """What running the vendor image needs from the host: a container runtime and the GPUs as CDI devices."""
-
-    model_config = ConfigDict(frozen=True)
-
-    runtimes: list[str]
-    cdi_specs: list[str]  # files that declare the nvidia.com/gpu devices
 
 
 def read_container_facts(root: Path = Path("/"), which: Callable[[str], str | None] | None = None) -> ContainerFacts:
@@ -508,6 +502,25 @@ def check_containers(facts: ContainerFacts) -> list[DoctorFinding]:
         "(NixOS: hardware.nvidia-container-toolkit.enable = true)",
     )
     return [runtime, cdi]
+
+
+def check_gpu_path(facts: GpuPathFacts, *, image: bool) -> list[DoctorFinding]:
+    """The README's GPU prerequisites beyond the driver, as warnings: each path needs only some of them (Nix for
+    the flake's outputs; a runtime and CDI for the vLLM engine's image, not for a serve from a Python
+    environment)."""
+    nix = DoctorFinding(
+        name="nix",
+        status="ok" if facts.nix else "warn",
+        detail=facts.nix or "not on PATH: `nix run`, `nix build .#image` and the NixOS module need it",
+        fix=None
+        if facts.nix
+        else "install Nix (flakes on: experimental-features = nix-command flakes), or serve without it from an "
+        'environment with the pinned engine (README, "The real hardware path")',
+    )
+    if not image:
+        return [nix]
+    found = check_containers(facts.containers)
+    return [nix, *(f.model_copy(update={"status": "warn"}) if f.status == "fail" else f for f in found)]
 
 
 def audit_host(host: HostFacts, limits: HostLimits, containers: ContainerFacts | None = None) -> DoctorReport:

@@ -111,11 +111,31 @@ class TargetFacts(BaseModel):
     index_detail: str | None = None
 
 
+class ContainerFacts(BaseModel):
+    """What running the vendor image needs from the host: a container runtime and the GPUs as CDI devices."""
+
+    model_config = ConfigDict(frozen=True)
+
+    runtimes: list[str]
+    cdi_specs: list[str]  # files that declare the nvidia.com/gpu devices
+
+
+class GpuPathFacts(BaseModel):
+    """What the README's GPU paths use besides the driver: Nix (the flake's outputs) and, for the engine that runs
+    as an image, a container runtime with the GPUs as CDI devices."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nix: str | None  # where `nix` is on PATH
+    containers: ContainerFacts
+
+
 class DoctorFacts(BaseModel):
     host: HostFacts
     target: TargetFacts
     # The exllamav3 engine's installation (read only for its profiles).
     exl3: Exl3EngineFacts | None = None
+    gpu_path: GpuPathFacts | None = None
 
 
 class DoctorResult(DoctorReport):

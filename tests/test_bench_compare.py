@@ -150,3 +150,19 @@ def test_a_comparison_with_a_shape_in_common_is_not_refused(reports: tuple[Path,
     a, b = reports
     assert run_glm53("bench", "compare", str(a)).code == 0  # 8192:2048 and 131072:2048 are the recipe's too
     assert run_glm53("bench", "compare", str(a), str(b)).code == 0
+
+
+def test_the_default_report_directory_is_ignored_by_git() -> None:
+    """`glm53 bench run` without --out writes glm53-bench/ in the checkout: git ignores it, so a demo's bench run
+    leaves the tree clean (git itself answers, with the repository's own .gitignore)."""
+    import shutil
+    import subprocess
+
+    from glm53.bench.target import DEFAULT_REPORT_DIR
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    probe = f"{DEFAULT_REPORT_DIR}/report.json"
+    done = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=root, check=False)
+    assert done.returncode == 0, f"{probe} is not ignored by the repository's .gitignore"

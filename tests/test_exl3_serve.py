@@ -731,3 +731,26 @@ def test_the_config_check_runs_in_the_environment_tabbyapi_gets(
         run_check(_launch(tree))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "deps"))
     assert run_check(_launch(tree)) == ([], None, [])
+
+
+def test_what_tabbyapis_entry_point_imports_is_imported_before_the_exec(tmp_path: Path) -> None:
+    """Beyond the declared distributions, the check imports what main.py imports, inside its functions too (the
+    server's modules): a module nothing declares, or one that is there but broken, is exit 3 naming it. Of
+    uvloop or winloop (the branches of one `if`), one importing is enough."""
+    ready = _launch(STAND_IN)
+    assert run_check(ready)[2] == []  # winloop is absent here, uvloop is not
+    tree = tmp_path / "tabby"
+    shutil.copytree(STAND_IN, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    main = tree / "main.py"
+    main.write_text(
+        main.read_text().replace("    import uvicorn\n", "    import uvicorn\n    import glm53_absent_server\n")
+    )
+    with pytest.raises(Unavailable) as err:
+        require_tabby_config(_launch(tree))
+    assert err.value.exit_code == 3
+    assert "module glm53_absent_server not found (main.py imports glm53_absent_server)" in err.value.message
+    assert err.value.fix == f"install into TabbyAPI's Python: {sys.executable} -m pip install 'glm53_absent_server'"
+    main.write_text(STAND_IN.joinpath("main.py").read_text().replace("import uvicorn\n", "import common.broken\n"))
+    (tree / "common" / "broken.py").write_text("raise RuntimeError('half-installed')\n")
+    missing = run_check(_launch(tree))[2]
+    assert [row["why"] for row in missing] == ["importing common.broken failed: RuntimeError: half-installed"]

@@ -9,8 +9,10 @@ the start with TabbyAPI's own words (exit 2) instead of a server that runs with 
 The same child reads the tree's own `pyproject.toml` (`[project].dependencies`, markers evaluated for that
 Python, and its `cu12` extra by name: torch, triton, flash-linear-attention, exllamav3) and looks each
 distribution up in that Python: a package TabbyAPI imports only once the server starts (uvicorn,
-fastapi, ...) would otherwise end the server just after the exec. One missing or too old is exit 3, naming it and
-the command that installs it.
+fastapi, ...) would otherwise end the server just after the exec. Then it imports what TabbyAPI's entry point
+imports (main.py's imports, those inside its functions too: the server's modules), which catches a module no
+declared distribution provides, or one that is installed but broken. One missing or too old is exit 3, naming it
+and the command that installs it.
 """
 
 from __future__ import annotations
@@ -93,6 +95,56 @@ for text, versioned in declared:
         missing.append({"name": req.name, "spec": wanted, "found": None, "why": "not installed"})
     elif versioned and req.specifier and not req.specifier.contains(found, prereleases=True):
         missing.append({"name": req.name, "spec": wanted, "found": found, "why": f"{found} installed"})
+
+# What TabbyAPI's entry point imports, imported here: main.py's own imports, at its top and inside its functions
+# (the server's modules, uvicorn among them, are imported only once it starts). Imports in the branches of one
+# `if` are alternatives (uvloop or winloop): one of them must import.
+import ast, importlib
+def imported(node):
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module]
+    return []
+def groups(tree):
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            branches = [[n for s in node.body for n in ast.walk(s)], [n for s in node.orelse for n in ast.walk(s)]]
+            names = [[m for n in b for m in imported(n)] for b in branches]
+            if all(names):
+                found.append(("any", names[0] + names[1], [id(n) for b in branches for n in b]))
+    skip = {i for _, _, ids in found for i in ids}
+    for node in ast.walk(tree):
+        if id(node) not in skip:
+            found += [("all", [name], []) for name in imported(node)]
+    return found
+if not missing:
+    main_path = sys.argv[1] + "/main.py"
+    try:
+        with open(main_path, encoding="utf-8") as f:
+            wanted = groups(ast.parse(f.read(), main_path))
+    except (OSError, SyntaxError, ValueError) as exc:
+        wanted = []
+        missing.append({"name": "main.py", "spec": "", "found": None, "why": f"{type(exc).__name__}: {exc}"})
+    seen_modules = set()
+    for kind, names, _ in wanted:
+        failures = []
+        for name in names:
+            if name in seen_modules:
+                failures = []
+                break
+            try:
+                importlib.import_module(name)
+                seen_modules.add(name)
+                failures = []
+                break
+            except ModuleNotFoundError as exc:
+                failures.append((exc.name or name, f"module {exc.name or name} not found (main.py imports {name})"))
+            except Exception as exc:  # a module that is there but fails: named with its error
+                failures.append((name, f"importing {name} failed: {type(exc).__name__}: {str(exc)[:200]}"))
+        for module, why in failures[:1]:
+            missing.append({"name": module.split(".")[0], "spec": "", "found": None, "why": why, "module": True})
 print(json.dumps({"unknown": unknown, "error": error, "missing": missing}))
 """
 
@@ -137,7 +189,7 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, s
     result = parse_json(lines[-1], what="TabbyAPI's config check")
     try:
         missing = [
-            {key: (None if row[key] is None else str(row[key])) for key in ("name", "spec", "found", "why")}
+            {key: (None if row.get(key) is None else str(row[key])) for key in ("name", "spec", "found", "why")}
             for row in result["missing"]
         ]
         error = None if result["error"] is None else str(result["error"])

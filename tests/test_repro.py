@@ -212,3 +212,17 @@ def test_repro_show_fits_80_columns_and_keeps_every_field_name(monkeypatch: pyte
     lock = load_repro_lock(Path(__file__).parents[1] / "repro.lock.json")
     fields = [item.field for item in lock.unresolved()]
     assert len(fields) >= 10 and all(field in joined for field in fields)
+
+
+def test_a_considered_exllamav3_release_names_its_wheel_and_its_evidence() -> None:
+    """The second engine's ExLlamaV3 choice is recorded in the lock: each release weighed against the pin, by
+    its wheel's sha256, with the decision and the docs section that holds the evidence (which must exist)."""
+    import re
+
+    pin = load_repro_lock(LOCK).engine.exllamav3
+    assert pin.version == "1.4.6" and [c.version for c in pin.considered] == ["1.6.5"]
+    for release in pin.considered:
+        assert release.version != pin.version and release.decision
+        document, _, heading = release.evidence.partition(", ")
+        text = (LOCK.parent / document).read_text()
+        assert re.search(rf"^#+ {re.escape(heading.strip(chr(34)))}$", text, re.MULTILINE), release.evidence

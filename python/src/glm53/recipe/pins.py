@@ -84,11 +84,22 @@ class WheelPin(_Strict):
     hash: str = Field(pattern=_SRI)
 
 
+class ConsideredRelease(_Strict):
+    """A later ExLlamaV3 release weighed against the pin for the second engine, by its wheel, and why it is not
+    (yet) the pin."""
+
+    version: str = Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")
+    wheel_sha256: str = Field(pattern=_SHA256_HEX)
+    decision: str
+    evidence: str  # where the measurements and the reading behind the decision are (a docs section)
+
+
 class ExllamaPin(_Strict):
     url: str
     version: str
     rev: str = Field(pattern=_HEX40)
     wheel: WheelPin
+    considered: list[ConsideredRelease] = []
 
 
 class PythonWheelPin(_Strict):

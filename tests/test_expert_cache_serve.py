@@ -720,3 +720,40 @@ def test_without_the_extension_a_cached_serve_fails_naming_it(tmp_path: Path) ->
     assert done.returncode == 3  # the environment cannot run it: said before TabbyAPI starts
     assert "glm53_expert_cache" in done.stderr and "build_ext.py" in done.stderr
     assert not (tmp_path / REPORT_NAME).exists()
+
+
+def test_the_cache_prediction_is_the_measured_step_model() -> None:
+    """Decode with the cache: the all-resident GPU time, the measured overhead a MoE layer, and the misses' bytes
+    over one link; at no hits every selection crosses it, at all hits none does."""
+    from glm53.plan.exllamav3.expert_cache import (
+        ASSUMED_LINK_BYTES_PER_S,
+        CACHE_OVERHEAD_SECONDS,
+        predict_cache,
+    )
+
+    facts = model_facts(None)
+    size = size_cache(facts, 17_508_062_880, gpus=2)
+    resident = 0.0196
+    layers, lookups = len(facts.moe_layers), len(facts.moe_layers) * facts.num_experts_per_tok
+    rates = {
+        rate: predict_cache(size, facts, resident, hit_rate=rate, hit_rate_source="given") for rate in (0, 0.67, 1)
+    }
+    assert rates[1].miss_seconds == 0 and rates[1].overhead_seconds == pytest.approx(layers * CACHE_OVERHEAD_SECONDS)
+    assert rates[0].miss_seconds == pytest.approx(lookups * facts.expert_bytes / ASSUMED_LINK_BYTES_PER_S)
+    assert rates[0].tokens_per_s < rates[0.67].tokens_per_s < rates[1].tokens_per_s
+    # the 2x3090 prediction (benchmarks/bench_expert_cache_2x3090.py) at 67% hits: 15.6 tok/s
+    assert rates[0.67].tokens_per_s == pytest.approx(15.6, abs=0.2)
+    floor = predict_cache(size, facts, resident)
+    assert floor.hit_rate == pytest.approx(size.fraction, abs=1e-4) and "uniform" in floor.hit_rate_source
+
+
+def test_plan_host_sets_the_caches_prediction_beside_the_splits() -> None:
+    result = _plan_host("--json")
+    assert result.code == 0, result.stderr
+    plan = result.json()
+    cache, split = plan["cache_prediction"], plan["prediction"]
+    assert cache["tokens_per_s"] > 0 and cache["link_bytes_per_s"] == 25e9
+    text = _plan_host()
+    assert "predicted decode with the cache" in text.stdout
+    faster = "the split" if split["tokens_per_s"] > cache["tokens_per_s"] else "the cache"
+    assert f"{faster} " in text.stdout.split("predicted decode with the cache")[1].splitlines()[0]

@@ -245,6 +245,60 @@ class ExpertCachePlan(BaseModel):
         return self.size.engine_args
 
 
+# Measured on one H200 with ExLlamaV3 1.4.6's kernels (benchmarks/data/expert-cache-h200.json, docs/serve.md "The
+# GPU expert cache"): with the fetch paced to a link, a layer-step took the all-resident time plus misses x expert
+# bytes / link rate plus this (lookup, stream fork and join), fitted to 0.4% over the paced runs.
+CACHE_OVERHEAD_SECONDS = 0.056e-3
+# A PCIe 4.0 x16 link as the recipe's 3090s have it (24.9 GB/s measured with the fetch paced to 25).
+ASSUMED_LINK_BYTES_PER_S = 25e9
+
+
+class CachePrediction(BaseModel):
+    """Decode with the cache: the all-resident GPU time, one overhead a MoE layer, and the misses over one link
+    (a layer split uses one GPU's link at a time)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_per_s: float
+    hit_rate: float
+    hit_rate_source: str
+    resident_seconds: float = Field(description="The all-resident model's GPU time a token.")
+    miss_seconds: float = Field(description="The misses' bytes over the link, a token.")
+    overhead_seconds: float
+    link_bytes_per_s: float
+    link_source: str
+
+
+def predict_cache(
+    size: CacheSize,
+    facts: ModelFacts,
+    resident_seconds: float,
+    *,
+    hit_rate: float | None = None,
+    hit_rate_source: str = "",
+    link_bytes_per_s: float = ASSUMED_LINK_BYTES_PER_S,
+    link_source: str = "assumed: PCIe 4.0 x16, 25 GB/s",
+) -> CachePrediction:
+    """Seconds a token with `size`'s cache at `hit_rate` (default: uniform routing, slots / experts, the floor a
+    cache reaches without any locality)."""
+    if hit_rate is None:
+        hit_rate = size.fraction
+        hit_rate_source = "no routing trace: uniform routing (resident slots / experts), the floor"
+    lookups = len(facts.moe_layers) * facts.num_experts_per_tok
+    miss = (1 - hit_rate) * lookups * facts.expert_bytes / link_bytes_per_s
+    overhead = len(facts.moe_layers) * CACHE_OVERHEAD_SECONDS
+    return CachePrediction(
+        tokens_per_s=round(1.0 / (resident_seconds + miss + overhead), 2),
+        hit_rate=round(hit_rate, 4),
+        hit_rate_source=hit_rate_source,
+        resident_seconds=resident_seconds,
+        miss_seconds=miss,
+        overhead_seconds=overhead,
+        link_bytes_per_s=link_bytes_per_s,
+        link_source=link_source,
+    )
+
+
 class CacheLayerCheck(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -338,8 +392,11 @@ def check_cache_report(
 
 
 __all__ = [
+    "ASSUMED_LINK_BYTES_PER_S",
+    "CACHE_OVERHEAD_SECONDS",
     "RECIPE_PINNED_FRACTION",
     "CacheCheck",
+    "CachePrediction",
     "CacheSize",
     "ExpertCachePlan",
     "PinnedChoice",
@@ -347,6 +404,7 @@ __all__ = [
     "check_pinned_fraction",
     "check_trace_matches",
     "choose_pinned_fraction",
+    "predict_cache",
     "replay_lookups",
     "size_cache",
 ]

@@ -91,6 +91,20 @@ def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
             f"{format_gib(size.cache_bytes_per_gpu)} a GPU over {size.layers_per_gpu} layers; host pool "
             f"{format_gib(size.host_pool_bytes)} page-locked (every routed expert once)"
         )
+        if plan.cache_prediction is not None:
+            cache = plan.cache_prediction
+            split = plan.prediction
+            verdict = (
+                f"the split ({split.mode}, {split.tokens_per_s:g} tok/s) is predicted faster"
+                if split.mode != "gpu" and split.tokens_per_s > cache.tokens_per_s
+                else "the cache is predicted faster"
+                if split.mode != "gpu"
+                else "every expert fits the GPUs: the cache gains nothing"
+            )
+            console.print(
+                f"  predicted decode with the cache: {cache.tokens_per_s:g} tok/s at {cache.hit_rate:.1%} hits "
+                f"({cache.hit_rate_source}; {cache.link_source}); {verdict}"
+            )
         if plan.pinned_choice is not None:
             choice = plan.pinned_choice
             console.print(

@@ -20,7 +20,7 @@ from pathlib import Path
 from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.plan.cache.engine_cost import exl3_step_cost
 from glm53.plan.cache.recommend import recommend
-from glm53.plan.exllamav3.expert_cache import check_trace_matches, choose_pinned_fraction
+from glm53.plan.exllamav3.expert_cache import check_trace_matches, choose_pinned_fraction, predict_cache
 from glm53.plan.exllamav3.split import Exl3Plan, compare_placements, counts_by_layer, split_stats
 from glm53.plan.files import env_lines, make_out_dir
 from glm53.plan.finite import require_finite
@@ -113,7 +113,21 @@ def _choose_pinned(plan: Exl3Plan, model: ModelFacts, stats: RoutingTrace | Rout
         "EXPERT_CACHE_WINDOW": f"{size.slots} resident slots less the pinned",
         "EXPERT_CACHE_PINNED": why,
     }
-    return plan.model_copy(update={"expert_cache": size, "pinned_choice": choice, "env": env, "origins": origins})
+    prediction = plan.cache_prediction
+    if prediction is not None:
+        # the chosen setting's held-out hit rate, over the trace's stress scenarios at their mean
+        rate = sum(choice.hit_rates) / len(choice.hit_rates)
+        prediction = predict_cache(
+            size,
+            model,
+            prediction.resident_seconds,
+            hit_rate=rate,
+            hit_rate_source=f"--stats: {choice.label}, held out, mean of {len(choice.hit_rates)} scenarios",
+            link_bytes_per_s=prediction.link_bytes_per_s,
+            link_source=prediction.link_source,
+        )
+    update = {"expert_cache": size, "pinned_choice": choice, "cache_prediction": prediction}
+    return plan.model_copy(update={**update, "env": env, "origins": origins})
 
 
 __all__ = ["PLACEMENT_LEARN_FRACTION", "SPLIT_STATS_FILENAME", "SavedExl3Plan", "finish_exl3_plan"]

@@ -50,7 +50,7 @@ from glm53.host.rig import rig_topology
 from glm53.plan.cache.decode_cost import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
 from glm53.plan.cache.policies import exl3_dynamic
 from glm53.plan.cache.recommend import Recommendation
-from glm53.plan.exllamav3.expert_cache import CacheSize, PinnedChoice, size_cache
+from glm53.plan.exllamav3.expert_cache import CachePrediction, CacheSize, PinnedChoice, predict_cache, size_cache
 from glm53.plan.inputs.cpu_sets import plan_cpu_sets
 from glm53.plan.inputs.gpus import GpuSpec, gpu_spec
 from glm53.plan.inputs.host_budget import Infeasible, host_budget
@@ -197,6 +197,7 @@ class Exl3Plan(BaseModel):
     # and (with a routing trace) the pinned share chosen for it.
     expert_cache: CacheSize | None = None
     pinned_choice: PinnedChoice | None = None
+    cache_prediction: CachePrediction | None = None
 
 
 def parse_cache_mode(value: str) -> tuple[int, int]:
@@ -667,8 +668,11 @@ def plan_exl3(
         threads = min(threads, shape.pool_threads)
     env, origins = _engine_keys(gpus, shape, fitting[best], cache_size, threads)
     expert_cache = None
+    cache_prediction = None
     if shape.expert_cache:
         expert_cache = size_expert_cache(model, shape, budgets, cache_size)
+        resident = predict(model, gpus, shape, "gpu", {}).gpu_seconds
+        cache_prediction = predict_cache(expert_cache, model, resident)
         for key, (value, why) in expert_cache_keys(expert_cache, model).items():
             env[key] = value
             origins[key] = why
@@ -714,6 +718,7 @@ def plan_exl3(
         origins=origins,
         warnings=warnings,
         expert_cache=expert_cache,
+        cache_prediction=cache_prediction,
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -208,17 +208,7 @@ def compare_policies(
     layers, experts = len(trace.layers), trace.experts
     minimum = trace.top_k if min_slots is None else min_slots
     workers = default_workers(trace.steps * layers) if workers is None else workers
-    budgets: list[int] = []
-    for fraction in fractions:
-        if not 0.0 < fraction <= 1.0:
-            raise BadInput(f"budget {fraction} must be a fraction of all experts in (0, 1]")
-        slots = round(fraction * layers * experts)
-        if slots < minimum * layers:
-            raise BadInput(
-                f"a budget of {fraction:.1%} ({slots} slots) leaves fewer than {minimum} slots per layer",
-                fix=f"use at least {minimum * layers / (layers * experts):.1%}",
-            )
-        budgets.append(slots)
+    budgets = _budget_slots(fractions, layers, experts, minimum)
     learn, score = trace.split(learn_fraction)
     progress("learning", 0, layers)
     rankings, curves = learn_from_trace(learn, workers=workers)
@@ -227,26 +217,10 @@ def compare_policies(
     learn_seconds = time.perf_counter() - started
     uniform = [uniform_split(b, layers, experts) for b in budgets]
     planned = [split_from_curves(curves, b, min_slots=minimum) for b in budgets]
-    tasks: list[_ScoreTask] = []
-    for index in range(layers):
-        splits: list[tuple[int, int]] = []
-        for i in range(len(budgets)):
-            slots = uniform[i][index]
-            pinned = round(RECIPE_PINNED_FRACTION * slots)
-            splits += [(0, slots), (pinned, slots - pinned), planned[i][index]]
-        capacities = [sum(planned[i][index]) for i in range(len(budgets))]
-        tasks.append((score.routes[:, index, :], experts, rankings[index], splits, capacities))
+    tasks = _score_tasks(score, rankings, uniform, planned)
     scored = layer_map(_score_layer, tasks, workers, lambda done: progress("simulating", done, layers))
     accesses = score.steps * score.top_k
-    totals = {(i, p): 0 for i in range(len(budgets)) for p in "abcd"}
-    budget_seconds = [0.0] * len(budgets)
-    for lru, optimum, lru_seconds, seconds in scored:
-        for i in range(len(budgets)):
-            totals[(i, "a")] += lru[3 * i]
-            totals[(i, "b")] += lru[3 * i + 1]
-            totals[(i, "c")] += lru[3 * i + 2]
-            totals[(i, "d")] += optimum[i]
-            budget_seconds[i] += lru_seconds / len(budgets) + seconds[i]
+    totals, budget_seconds = _sum_scores(scored, len(budgets))
     drift_rates = [
         _drift_scenario(trace, scenario, budgets, uniform, learn_fraction, minimum, workers, drift_seed, learned)
         for scenario in drift
@@ -297,6 +271,55 @@ def compare_policies(
         cost_model=cost,
         drift_scenarios=[(float(at), float(strength)) for at, strength in drift],
     )
+
+
+def _budget_slots(fractions: Sequence[float], layers: int, experts: int, minimum: int) -> list[int]:
+    """Each budget (a fraction of all experts) in slots; refuses one outside (0, 1] or below `minimum` a layer."""
+    budgets: list[int] = []
+    for fraction in fractions:
+        if not 0.0 < fraction <= 1.0:
+            raise BadInput(f"budget {fraction} must be a fraction of all experts in (0, 1]")
+        slots = round(fraction * layers * experts)
+        if slots < minimum * layers:
+            raise BadInput(
+                f"a budget of {fraction:.1%} ({slots} slots) leaves fewer than {minimum} slots per layer",
+                fix=f"use at least {minimum * layers / (layers * experts):.1%}",
+            )
+        budgets.append(slots)
+    return budgets
+
+
+def _score_tasks(
+    score: RoutingTrace,
+    rankings: NDArray[np.int64],
+    uniform: list[list[int]],
+    planned: list[list[tuple[int, int]]],
+) -> list[_ScoreTask]:
+    """One task a layer: its held-out routes and, at each budget, plain LRU, the recipe's split and the plan's."""
+    tasks: list[_ScoreTask] = []
+    for index in range(len(score.layers)):
+        splits: list[tuple[int, int]] = []
+        for i in range(len(uniform)):
+            slots = uniform[i][index]
+            pinned = round(RECIPE_PINNED_FRACTION * slots)
+            splits += [(0, slots), (pinned, slots - pinned), planned[i][index]]
+        capacities = [sum(planned[i][index]) for i in range(len(uniform))]
+        tasks.append((score.routes[:, index, :], score.experts, rankings[index], splits, capacities))
+    return tasks
+
+
+def _sum_scores(scored: Sequence[Any], budgets: int) -> tuple[dict[tuple[int, str], int], list[float]]:
+    """Hits per (budget, policy) summed over the layers, and each budget's simulation seconds."""
+    totals = {(i, p): 0 for i in range(budgets) for p in "abcd"}
+    budget_seconds = [0.0] * budgets
+    for lru, optimum, lru_seconds, seconds in scored:
+        for i in range(budgets):
+            totals[(i, "a")] += lru[3 * i]
+            totals[(i, "b")] += lru[3 * i + 1]
+            totals[(i, "c")] += lru[3 * i + 2]
+            totals[(i, "d")] += optimum[i]
+            budget_seconds[i] += lru_seconds / budgets + seconds[i]
+    return totals, budget_seconds
 
 
 def _drift_scenario(

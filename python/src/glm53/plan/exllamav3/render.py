@@ -19,7 +19,30 @@ def _layer_runs(layers: list[int]) -> str:
 
 
 def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
-    """The ExLlamaV3 plan: per-GPU ledger, host ledger, offload decision, predicted rate, warnings, env."""
+    """The ExLlamaV3 plan: per-GPU ledger, host ledger, offload decision, predicted rate, the expert cache,
+    warnings, env."""
+    _render_gpu_ledger(plan, console)
+    _render_host_ledger(plan, console)
+    _render_decision(plan, console)
+    if plan.expert_cache is not None:
+        _render_cache_plan(plan, console)
+    console.print(
+        f"CPU worker: {plan.threads} thread(s) on {format_cpu_list(plan.cpu_pool) or '-'}; "
+        f"server on {format_cpu_list(plan.main_cpus) or '-'}"
+    )
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    table = Table(title="Environment (glm53 serve --plan-env)", title_justify="left")
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("why")
+    for key, value in plan.env.items():
+        table.add_row(key, value, plan.origins.get(key, ""))
+    console.print(table)
+
+
+def _render_gpu_ledger(plan: Exl3Plan, console: Console) -> None:
+    """The shape, then what each GPU holds, in layer order."""
     shape = plan.shape
     console.print(f"[bold]ExLlamaV3 plan[/bold] for {plan.model} ({plan.model_source})")
     console.print(
@@ -52,6 +75,9 @@ def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
     gpus.add_row("routed experts resident", *(f"{g.resident_experts:,}" for g in plan.gpus))
     console.print(gpus)
 
+
+def _render_host_ledger(plan: Exl3Plan, console: Console) -> None:
+    """What the host's RAM holds."""
     host = plan.host
     table = Table(title="Host memory ledger", title_justify="left")
     table.add_column("item")
@@ -64,6 +90,9 @@ def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
     table.add_row("free", format_gib(host.free_bytes), "")
     console.print(table)
 
+
+def _render_decision(plan: Exl3Plan, console: Console) -> None:
+    """The offload, the predicted decode rate and, with a trace, the placement and its recommendation."""
     offload = plan.offload
     console.print(f"[bold]offload:[/bold] {offload.mode}: {offload.reason}")
     prediction = plan.prediction
@@ -83,47 +112,38 @@ def render_exl3_plan(plan: Exl3Plan, console: Console) -> None:
         )
     if plan.recommendation is not None:
         render_recommendation(plan.recommendation, console)
-    if plan.expert_cache is not None:
-        size = plan.expert_cache
-        console.print(
-            f"[bold]expert cache:[/bold] {size.slots} resident slots a MoE layer ({size.pinned} pinned + "
-            f"{size.window} LRU) and {size.staging} staging, {format_gib(size.used_bytes_per_gpu)} of "
-            f"{format_gib(size.cache_bytes_per_gpu)} a GPU over {size.layers_per_gpu} layers; host pool "
-            f"{format_gib(size.host_pool_bytes)} page-locked (every routed expert once)"
-        )
-        if plan.cache_prediction is not None:
-            cache = plan.cache_prediction
-            split = plan.prediction
-            verdict = (
-                f"the split ({split.mode}, {split.tokens_per_s:g} tok/s) is predicted faster"
-                if split.mode != "gpu" and split.tokens_per_s > cache.tokens_per_s
-                else "the cache is predicted faster"
-                if split.mode != "gpu"
-                else "every expert fits the GPUs: the cache gains nothing"
-            )
-            console.print(
-                f"  predicted decode with the cache: {cache.tokens_per_s:g} tok/s at {cache.hit_rate:.1%} hits "
-                f"({cache.hit_rate_source}; {cache.link_source}); {verdict}"
-            )
-        if plan.pinned_choice is not None:
-            choice = plan.pinned_choice
-            console.print(
-                f"  pinned share {choice.pinned_fraction:.0%} ({choice.label}): worst stress scenario "
-                f"{choice.worst_gain_over_lru:+.2%} hit rate vs plain LRU"
-            )
+
+
+def _render_cache_plan(plan: Exl3Plan, console: Console) -> None:
+    """The expert cache's slots, its predicted decode beside the split's, and its pinned share."""
+    size = plan.expert_cache
+    assert size is not None
     console.print(
-        f"CPU worker: {plan.threads} thread(s) on {format_cpu_list(plan.cpu_pool) or '-'}; "
-        f"server on {format_cpu_list(plan.main_cpus) or '-'}"
+        f"[bold]expert cache:[/bold] {size.slots} resident slots a MoE layer ({size.pinned} pinned + "
+        f"{size.window} LRU) and {size.staging} staging, {format_gib(size.used_bytes_per_gpu)} of "
+        f"{format_gib(size.cache_bytes_per_gpu)} a GPU over {size.layers_per_gpu} layers; host pool "
+        f"{format_gib(size.host_pool_bytes)} page-locked (every routed expert once)"
     )
-    for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
-    table = Table(title="Environment (glm53 serve --plan-env)", title_justify="left")
-    table.add_column("key")
-    table.add_column("value")
-    table.add_column("why")
-    for key, value in plan.env.items():
-        table.add_row(key, value, plan.origins.get(key, ""))
-    console.print(table)
+    if plan.cache_prediction is not None:
+        cache = plan.cache_prediction
+        split = plan.prediction
+        verdict = (
+            f"the split ({split.mode}, {split.tokens_per_s:g} tok/s) is predicted faster"
+            if split.mode != "gpu" and split.tokens_per_s > cache.tokens_per_s
+            else "the cache is predicted faster"
+            if split.mode != "gpu"
+            else "every expert fits the GPUs: the cache gains nothing"
+        )
+        console.print(
+            f"  predicted decode with the cache: {cache.tokens_per_s:g} tok/s at {cache.hit_rate:.1%} hits "
+            f"({cache.hit_rate_source}; {cache.link_source}); {verdict}"
+        )
+    if plan.pinned_choice is not None:
+        choice = plan.pinned_choice
+        console.print(
+            f"  pinned share {choice.pinned_fraction:.0%} ({choice.label}): worst stress scenario "
+            f"{choice.worst_gain_over_lru:+.2%} hit rate vs plain LRU"
+        )
 
 
 def render_expert_cache(plan: ExpertCachePlan, console: Console) -> None:

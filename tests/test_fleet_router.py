@@ -219,4 +219,7 @@ def test_closed_loop_users_through_the_real_router_get_the_models_p95(tmp_path: 
         f"({measured / predicted - 1:+.1%}); p50 {quantile(latencies, 0.5) - overhead:.1f} vs {model.p(0.5):.1f} s\n"
     )
     assert overhead < 0.1 * predicted  # a harness this slow measures itself, not the router
-    assert measured == pytest.approx(predicted, rel=0.10)
+    # Within 20%: the model's p95 itself moves with the boxes' addresses (rendezvous tie-breaks on the free ports
+    # each run gets: 33.0 to 39.2 s over 60 random port sets, 40.3 s once on a fresh machine, for the same
+    # workload), the measured one by a few percent.
+    assert measured == pytest.approx(predicted, rel=0.20)

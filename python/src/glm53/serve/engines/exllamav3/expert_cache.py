@@ -46,7 +46,6 @@ from glm53.serve.engines.exllamav3.routing import after_import
 
 REPORT_NAME = "expert-cache.json"
 EXTENSION = "glm53_expert_cache"
-KEYS = ("EXPERT_CACHE", "EXPERT_CACHE_WINDOW", "EXPERT_CACHE_PINNED", "EXPERT_CACHE_STATS")
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
         if raw == "":
             raise BadInput(
                 f"EXPERT_CACHE=1 needs {key}",
-                fix=f"plan it (`EXPERT_CACHE=1 glm53 plan host --profile exl3-...`) or --set {key}=N",
+                fix=f"plan it (`glm53 plan host --profile exl3-... --expert-cache`) or --set {key}=N",
             )
         if not (raw.isascii() and raw.isdigit()):
             raise BadInput(f"{key}={raw} is not a count of slots", fix=f"--set {key}=N with N >= 0")
@@ -89,7 +88,7 @@ def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
     if pinned and stats is None:
         raise BadInput(
             f"EXPERT_CACHE_PINNED={pinned} needs EXPERT_CACHE_STATS: the pinned experts are the hottest of its counts",
-            fix="plan with a routing trace (`glm53 plan host --stats FILE --out DIR`) or set EXPERT_CACHE_PINNED=0",
+            fix="plan with a trace (`glm53 plan host --expert-cache --stats FILE --out DIR`) or EXPERT_CACHE_PINNED=0",
         )
     if stats is not None:
         read_rankings(stats)  # refused now, not when the model loads

@@ -335,8 +335,8 @@ class CacheCheck(BaseModel):
         )
 
 
-def _layer_of(key: str) -> int:
-    """model.language_model.layers.12.mlp -> 12"""
+def module_layer(key: str) -> int:
+    """The decoder layer of an ExLlamaV3 module key: model.language_model.layers.12.mlp -> 12."""
     try:
         return int(key.split(".layers.")[1].split(".")[0])
     except (IndexError, ValueError) as exc:
@@ -365,8 +365,8 @@ def check_cache_report(
             f"the report pins {pinned} experts a layer", fix="give the counts file it ranked them by (--stats)"
         )
     rows = []
-    for key, engine in sorted(counts.items(), key=lambda item: _layer_of(item[0])):
-        layer = _layer_of(key)
+    for key, engine in sorted(counts.items(), key=lambda item: module_layer(item[0])):
+        layer = module_layer(key)
         if layer not in trace.layers:
             raise BadInput(
                 f"the capture has no routing of layer {layer} ({key})", fix="give the capture of the same serve"
@@ -404,6 +404,7 @@ __all__ = [
     "check_pinned_fraction",
     "check_trace_matches",
     "choose_pinned_fraction",
+    "module_layer",
     "predict_cache",
     "replay_lookups",
     "size_cache",

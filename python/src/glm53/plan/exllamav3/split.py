@@ -681,7 +681,7 @@ def plan_exl3(
         if fitting[best][0] != "gpu":
             warnings.append(
                 "EXPERT_CACHE=1: ExLlamaV3's loader still loads every routed expert to the GPU as well (the "
-                f"cache's home copies), and {offload_text(fitting[best])}: this plan cannot start until the "
+                f"cache's home copies), and {fitting[best][3].reason}: this plan cannot start until the "
                 'host-resident loader lands (docs/serve.md, "The GPU expert cache")'
             )
     kv_token = kv_bytes_per_token(model, shape.cache_bits)
@@ -720,10 +720,6 @@ def plan_exl3(
         expert_cache=expert_cache,
         cache_prediction=cache_prediction,
     )
-
-
-def offload_text(placement: _Placement) -> str:
-    return placement[3].reason
 
 
 def size_expert_cache(model: ModelFacts, shape: Exl3Shape, budgets: list[int], cache_size: int) -> CacheSize:

@@ -33,12 +33,6 @@ from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput, environment_for
 def exl3_summary(plan: object) -> str:
     """One line of an Exl3Plan: where the layers and experts go, and the predicted decode rate."""
     assert isinstance(plan, Exl3Plan)
-    gpus = "; ".join(
-        f"GPU {g.index}: layers {g.layers[0]}-{g.layers[-1]}, {g.resident_experts} experts"
-        if g.layers
-        else f"GPU {g.index}: no layer"
-        for g in plan.gpus
-    )
     if plan.expert_cache is not None:
         size = plan.expert_cache
         cache = (
@@ -47,6 +41,12 @@ def exl3_summary(plan: object) -> str:
             f"{size.host_pool_bytes / GIB:.1f} GiB"
         )
         return "; ".join([cache, *(f"warning: {warning}" for warning in plan.warnings)])
+    gpus = "; ".join(
+        f"GPU {g.index}: layers {g.layers[0]}-{g.layers[-1]}, {g.resident_experts} experts"
+        if g.layers
+        else f"GPU {g.index}: no layer"
+        for g in plan.gpus
+    )
     return (
         f"{plan.offload.reason}; {gpus}; host RAM {plan.host.cpu_expert_bytes / GIB:.1f} GiB of experts "
         f"of a {plan.host.budget_bytes / GIB:.0f} GiB budget; predicted {plan.prediction.tokens_per_s:g} tok/s "

@@ -41,6 +41,7 @@ from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_bytes
 from glm53.plan.cache.policies import INLINE_SWEEP_INTERVALS, SWAP_FLOOR, SWAP_HYSTERESIS, SWAP_INTERVAL, SWAP_MAX
 from glm53.plan.exllamav3.capture import CapturedLayer, Exl3Capture, decode_trace, save_capture
+from glm53.plan.exllamav3.expert_cache import module_layer
 from glm53.plan.routing.traces import write_trace
 
 CAPTURE_NAME = "capture.npz"
@@ -141,10 +142,10 @@ class RoutingRecorder:
     def capture(self) -> Exl3Capture:
         import numpy as np  # heavy: only inside the engine's process
 
-        ran = sorted(self.calls, key=_layer_number)
+        ran = sorted(self.calls, key=module_layer)
         layers = tuple(
             CapturedLayer(
-                _layer_number(key),
+                module_layer(key),
                 np.concatenate(self.calls[key]).astype(np.int16),
                 np.repeat(np.array(self.call_index[key], dtype=np.int64), [int(t.shape[0]) for t in self.calls[key]]),
             )
@@ -162,7 +163,7 @@ class RoutingRecorder:
             calls=self.passes,
             drained_after=tuple(self.drained_after),
             layers=layers,
-            split_layers=tuple(_layer_number(module.key) for module in split),
+            split_layers=tuple(module_layer(module.key) for module in split),
             cpu_experts=tuple(experts - int(module.cpu_split_first) for module in split),
             sweep_calls=tuple(self.sweep_calls),
             sweep_inline=tuple(self.sweep_inline),
@@ -188,11 +189,6 @@ def _synchronize() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _layer_number(key: str) -> int:
-    """model.language_model.layers.12.mlp -> 12"""
-    return int(key.split(".layers.")[1].split(".")[0])
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

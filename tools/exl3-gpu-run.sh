@@ -4,7 +4,7 @@
 # and measure it with `glm53 bench run`. Each stage writes its log and results under OUT.
 #
 #   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build build-cache fixture diag check serve routing sweep-cost
-#                                                 cache-bench cache-generate version-check
+#                                                 cache-bench cache-generate build165 version-check
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
@@ -23,7 +23,8 @@
 # tools/exl3-expert-cache-bench.py at GLM-5.3-Flash's dimensions into OUT/expert-cache.json (CACHE_ARGS: its options);
 # stage cache-generate (after fixture) generates with the cache inside ExLlamaV3's forward (OUT/cache-generate.json).
 # Stage version-check (after fixture) runs tools/exl3-version-check.py on the installed ExLlamaV3, then on the
-# release in WHEELS165 (default .whl165: its wheel only; built into its own site), into OUT/version.jsonl.
+# release in WHEELS165 (default .whl165: its wheel only; built into its own site by stage build165 or, when that
+# has not run, by version-check itself), into OUT/version.jsonl.
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -34,6 +35,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$site:$root/python/src
 glm53_main='import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()'
 glm53() { python3 -c "$glm53_main" "$@"; }
 stamp() { echo "== $(date +%T) $*"; }
+wheels165=${WHEELS165:-$root/.whl165}; site165=$work/site165
+# ExLlamaV3 from WHEELS165 into its own site, its extension built there (stage build165, or version-check's first)
+build_165() {
+  mkdir -p "$site165" "$work/build165"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site165" "$wheels165"/*.whl
+  (cd "$work/build165" && TORCH_CUDA_ARCH_LIST=${ARCH:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
+    python3 "$root/pkgs/exllamav3/build_ext.py" "$site165/exllamav3/exllamav3_ext" "$site165" >"$out/build165.log" 2>&1)
+  echo "build165 rc=$? $(ls "$site165"/exllamav3_ext*.so 2>/dev/null)"; tail -2 "$out/build165.log" | cut -c1-300
+}
 
 for stage in "$@"; do
   case $stage in
@@ -141,7 +151,8 @@ for stage in "$@"; do
     fi
     if [ -n "${CAPTURE:-}" ]; then
       ls -la "$out/capture"
-      python3 -c 'import sys; from pathlib import Path; from glm53.plan.exllamav3.capture import load_capture, compare_capture
+      # the split's sweeps, recorded only when the CPU split ran (not with CACHE=1)
+      [ -f "$out/capture/capture.npz" ] && python3 -c 'import sys; from pathlib import Path; from glm53.plan.exllamav3.capture import load_capture, compare_capture
 print(compare_capture(load_capture(Path(sys.argv[1]))).model_dump_json(exclude={"predicted_sweeps", "recorded_sweeps"}))' \
         "$out/capture/capture.npz"; echo "compare rc=$?"
       glm53 plan simulate "$out/capture/routing.npz" --budgets 0.5,0.75 --learn-fraction 0.3 --drift none \
@@ -164,16 +175,15 @@ print(compare_capture(load_capture(Path(sys.argv[1]))).model_dump_json(exclude={
     timeout 300 python3 "$root/tools/exl3-sweep-cost.py" --out "$out/sweep-cost.json" ${SWEEP_ARGS:-} 2>&1 | tail -20
     echo "sweep-cost rc=${PIPESTATUS[0]}"
     ;;
+  build165)
+    stamp build165; build_165
+    ;;
   version-check)
     # the fixture on the installed ExLlamaV3, then on the one in WHEELS165 (its own site and extension build)
     stamp version-check
     timeout 240 python3 "$root/tools/exl3-version-check.py" --model "$model" 2>"$out/version-1.err" | tee "$out/version.jsonl"
-    if [ -d "${WHEELS165:-$root/.whl165}" ]; then
-      site165=$work/site165; mkdir -p "$site165" "$work/build165"
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site165" "${WHEELS165:-$root/.whl165}"/*.whl
-      (cd "$work/build165" && TORCH_CUDA_ARCH_LIST=${ARCH:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
-        python3 "$root/pkgs/exllamav3/build_ext.py" "$site165/exllamav3/exllamav3_ext" "$site165" >"$out/build165.log" 2>&1)
-      echo "build165 rc=$? $(ls "$site165"/exllamav3_ext*.so 2>/dev/null)"; tail -2 "$out/build165.log" | cut -c1-300
+    if [ -d "$wheels165" ]; then
+      ls "$site165"/exllamav3_ext*.so >/dev/null 2>&1 || build_165
       PYTHONPATH=$site165:$site:$root/python/src timeout 240 python3 "$root/tools/exl3-version-check.py" --model "$model" \
         2>"$out/version-2.err" | tee -a "$out/version.jsonl"
       tail -3 "$out/version-2.err"

@@ -30,12 +30,15 @@ def main() -> int:
     import exllamav3
     import torch
     from exllamav3 import Cache, Config, Generator, Model, Tokenizer
+    from exllamav3 import version as exllamav3_version
     from exllamav3.generator import Job
     from exllamav3.generator.sampler import ArgmaxSampler
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
     report: dict[str, Any] = {
-        "exllamav3": getattr(exllamav3, "__version__", "?"),
+        # the imported package's own version file, not installed metadata: two releases sit on one path here
+        "exllamav3": exllamav3_version.__version__,
+        "exllamav3_path": exllamav3.__file__,
         "device": torch.cuda.get_device_name(),
     }
     started = time.perf_counter()

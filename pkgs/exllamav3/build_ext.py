@@ -2,8 +2,11 @@
 
 Usage: build_ext.py SOURCES_DIR SITE_PACKAGES
 
-Same sources and flags as the package's own JIT path in exllamav3/ext.py (every .c/.cpp/.cu below
-SOURCES_DIR, the same nvcc and host flags), so the prebuilt module behaves like the JIT-built one.
+Same sources and flags as the package's own JIT path in exllamav3/ext.py, so the prebuilt module behaves like
+the JIT-built one. 1.4.6 selects every .c/.cpp/.cu below SOURCES_DIR with the flags copied below. Later releases
+(1.6.x) ship that rule as exllamav3/util/cuda_flags.py (standard library only; their setup.py loads it by path):
+when SOURCES_DIR's package has it, its `extension_sources` and `cuda_cflags` are used instead, which leaves out
+their ROCm-only sources (rocm/) on a CUDA build.
 The module lands at SITE_PACKAGES/exllamav3_ext.<abi>.so: ext.py looks up the top-level module
 `exllamav3_ext` first and imports it instead of compiling.
 
@@ -18,12 +21,12 @@ Intermediate objects go to ./build (setuptools' default) in the working director
 """
 
 import glob
+import importlib.util
 import os
 import shlex
 import sys
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 # EXL3_EXTENSION_NAME builds another source tree the same way (glm53_expert_cache: pkgs/exllamav3/expert-cache).
 EXTENSION_NAME = os.environ.get("EXL3_EXTENSION_NAME", "exllamav3_ext")
@@ -47,16 +50,25 @@ def main(argv):
     sources_dir, site_packages = (os.path.abspath(path) for path in argv[1:])
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         sys.exit("build_ext.py: set TORCH_CUDA_ARCH_LIST (e.g. '8.6;9.0'); there is no GPU to read it from")
-    sources = sorted(
-        os.path.join(root, name)
-        for root, _, names in os.walk(sources_dir)
-        for name in names
-        if name.endswith((".c", ".cpp", ".cu"))
-    )
+    # torch is imported here, not at the top, so that the source rules below can be read without it
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+
+    release_rules = _release_rules(sources_dir)
+    if release_rules is not None:
+        sources = release_rules.extension_sources(sources_dir, hip=False)
+        nvcc_flags = list(release_rules.cuda_cflags(cuda_home=CUDA_HOME))
+        print(f"build_ext.py: sources and nvcc flags from {release_rules.__file__}", flush=True)
+    else:
+        sources = sorted(
+            os.path.join(root, name)
+            for root, _, names in os.walk(sources_dir)
+            for name in names
+            if name.endswith((".c", ".cpp", ".cu"))
+        )
+        nvcc_flags = list(NVCC_FLAGS)
     if not sources:
         sys.exit(f"build_ext.py: no .c/.cpp/.cu sources below {sources_dir}")
 
-    nvcc_flags = list(NVCC_FLAGS)
     if cuda_host_cxx := os.environ.get("CUDAHOSTCXX"):
         nvcc_flags += ["-ccbin", cuda_host_cxx]  # as ext.py does
     threads = os.environ.get("NVCC_THREADS", "")
@@ -95,6 +107,18 @@ def main(argv):
     if len(built) != 1:
         sys.exit(f"build_ext.py: expected one {EXTENSION_NAME} module in {site_packages}, found {built}")
     print(f"build_ext.py: built {built[0]} ({os.path.getsize(built[0])} bytes)", flush=True)
+
+
+def _release_rules(sources_dir):
+    """The release's own cuda_flags module (SOURCES_DIR/../util/cuda_flags.py), loaded by path as its setup.py
+    does, or None for a release without one (1.4.6)."""
+    path = os.path.join(os.path.dirname(sources_dir), "util", "cuda_flags.py")
+    if not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location("exllamav3_release_cuda_flags", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

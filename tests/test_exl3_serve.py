@@ -27,6 +27,7 @@ from glm53.serve.engines.exllamav3.tabby_check import require_tabby_config, run_
 from glm53.serve.launch import LaunchSpec
 from tests.support.cli import run_glm53
 from tests.support.fake_nvml import FakeNvml
+from tests.support.tabby_rig import EXL3_CONFIG, TabbyRig
 
 STAND_IN = Path(__file__).parent / "fixtures" / "tabbyapi"
 EXL3_PROFILES = ("exl3-1gpu", "exl3-2x3090")
@@ -537,11 +538,6 @@ STAND_IN_MAIN = textwrap.dedent("""
         json.dump(report, out)
     sys.exit(7)
 """)
-# Runs glm53's real entry point after printing this process's pid: exec keeps it.
-GLM53_MAIN = "import os, sys; print(os.getpid(), flush=True); from glm53.cli.main import main; main()"
-
-
-EXL3_CONFIG = '{"model_type": "glm5_next", "quantization_config": {"quant_method": "exl3", "bits": 3.05}}'
 
 
 @pytest.mark.parametrize(
@@ -568,71 +564,13 @@ def test_an_exl3_profile_refuses_a_checkpoint_of_another_family(
     assert run_glm53("serve", "--profile", "exl3-1gpu", "--model-dir", str(model), "--dry-run").code == 0
 
 
-class _Rig:
-    """A stand-in TabbyAPI tree, a model folder, a plan, a key file and a private runtime folder."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.tabby = tmp / "tabby"
-        shutil.copytree(STAND_IN, self.tabby)
-        (self.tabby / "main.py").write_text(STAND_IN_MAIN)
-        self.model = tmp / "models" / "glm53"
-        self.model.mkdir(parents=True)
-        # what the exl3 profiles check of a checkpoint before a start: its family (model_type, quantization)
-        (self.model / "config.json").write_text(EXL3_CONFIG)
-        self.plan = tmp / "plan.env"
-        self.plan.write_text(
-            "GPU_SPLIT=20\nCACHE_SIZE=131072\nCPU_MOE_OFFLOAD_LAYERS=0\nEXL3_MOE_CPU_SPLIT=180\n"
-            "EXL3_MOE_CPU_SPLIT_LAYERS=40\nEXL3_MOE_CPU_THREADS=2\n"
-        )
-        self.key = tmp / "key"
-        self.key.write_text("sk-test-4f1c\n")
-        self.key.chmod(0o600)
-        self.xdg = tmp / "xdg"
-        self.xdg.mkdir(mode=0o700)
-        self.report = tmp / "report.json"
-        self.port = "8123"
-        self.run_dir = self.xdg / f"glm53-tabby-{self.port}"
-
-    def args(self, *, key: bool = True) -> list[str]:
-        args = ["serve", "--profile", "exl3-1gpu", "--model-dir", str(self.model), "--plan-env", str(self.plan)]
-        args += ["--port", self.port, "--skip-preflight"]
-        return [*args, "--api-key-file", str(self.key)] if key else args
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TABBY_")}
-        env.update(
-            GLM53_TABBYAPI_DIR=str(self.tabby),
-            XDG_RUNTIME_DIR=str(self.xdg),
-            STAND_IN_REPORT=str(self.report),
-            TABBY_MODEL_MAX_SEQ_LEN="1",
-        )
-        env.update(extra)
-        env.pop("RUNTIME_DIRECTORY", None)
-        return env
-
-    def start(self, *, key: bool = True, cwd: Path | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
-        self.report.unlink(missing_ok=True)
-        return subprocess.run(
-            [sys.executable, "-c", GLM53_MAIN, *self.args(key=key)],
-            env=self.env(**extra),
-            cwd=cwd or self.tmp,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
-    def seen(self) -> dict[str, Any]:
-        return dict(json.loads(self.report.read_text()))
-
-
 def test_a_start_execs_tabbyapi_in_its_private_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rig = _Rig(tmp_path)
-    done = rig.start()
+    rig = TabbyRig(tmp_path, STAND_IN_MAIN)
+    done = rig.start("--exec")
     assert done.returncode == 7, done.stderr  # glm53's exit code is TabbyAPI's: it was replaced
     seen = rig.seen()
     assert seen["pid"] == int(done.stdout.splitlines()[0])  # the same process
+    assert "glm53 start:" not in done.stderr  # no stage lines: nothing of glm53 is left to print them
     assert seen["cwd"] == str(rig.run_dir)
     assert seen["argv"] == [str(rig.tabby / "main.py"), "--config", str(rig.run_dir / "config.yml")]
     # The inherited TABBY_ variable is gone; the profile's and the plan's engine variables are there.
@@ -671,7 +609,7 @@ def test_a_start_execs_tabbyapi_in_its_private_run_dir(tmp_path: Path, monkeypat
 
 
 def test_relative_tabbyapi_paths_still_name_the_tree_after_the_chdir(tmp_path: Path) -> None:
-    rig = _Rig(tmp_path)
+    rig = TabbyRig(tmp_path, STAND_IN_MAIN)
     python = Path(sys.executable)
     done = rig.start(
         cwd=tmp_path,
@@ -685,7 +623,7 @@ def test_relative_tabbyapi_paths_still_name_the_tree_after_the_chdir(tmp_path: P
 
 
 def test_a_run_dir_that_is_a_link_is_refused(tmp_path: Path) -> None:
-    rig = _Rig(tmp_path)
+    rig = TabbyRig(tmp_path, STAND_IN_MAIN)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     rig.run_dir.symlink_to(elsewhere)
@@ -697,7 +635,7 @@ def test_a_run_dir_that_is_a_link_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
 def test_a_run_dir_under_another_users_folder_is_refused(tmp_path: Path) -> None:
-    rig = _Rig(tmp_path)
+    rig = TabbyRig(tmp_path, STAND_IN_MAIN)
     os.chown(rig.xdg, 65534, 65534)
     rig.xdg.chmod(0o777)
     done = rig.start()
@@ -707,7 +645,7 @@ def test_a_run_dir_under_another_users_folder_is_refused(tmp_path: Path) -> None
 
 
 def test_a_missing_tabbyapi_tree_stops_before_anything_is_written(tmp_path: Path) -> None:
-    rig = _Rig(tmp_path)
+    rig = TabbyRig(tmp_path, STAND_IN_MAIN)
     done = rig.start(GLM53_TABBYAPI_DIR=str(tmp_path / "nowhere"))
     assert done.returncode == 3 and not rig.report.exists()
     assert "cannot load TabbyAPI's config schema" in done.stderr

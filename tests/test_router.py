@@ -28,7 +28,14 @@ from glm53.router.fleet import load_fleet
 from glm53.router.launch import API_KEY_ENV, build_router_launch, router_command
 from tests.support.cli import CliResult, bench_json, run_glm53
 from tests.support.router import NOT_INSTALLED, ROUTER_INSTALLED, log_tail, needs_router, running_router
-from tests.support.server import VllmServer, free_port, group_members, serve_model, start_server
+from tests.support.server import (
+    VllmServer,
+    free_port,
+    serve_model,
+    session_members,
+    signal_session,
+    start_server,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "router"
 
@@ -449,10 +456,10 @@ def test_a_killed_backend_loses_nothing_silently_and_rejoins(fleet: Fleet) -> No
         assert stream_seen.get("open"), stream_seen
         # Freeze B the moment its stream is open, so the cut lands mid-answer whatever the router buffers (the
         # tiny model writes the whole answer in a few seconds), then take the whole box down.
-        os.killpg(fleet.b.process.pid, signal.SIGSTOP)
+        signal_session(fleet.b.process.pid, signal.SIGSTOP)
         time.sleep(1.0)
         killed_at = time.monotonic()
-        os.killpg(fleet.b.process.pid, signal.SIGKILL)  # the whole box goes: API server and engine
+        signal_session(fleet.b.process.pid, signal.SIGKILL)  # the whole box goes: glm53, API server, engine
         for future in futures:
             future.result(timeout=180)
     stop_load.set()
@@ -489,9 +496,9 @@ def test_a_killed_backend_loses_nothing_silently_and_rejoins(fleet: Fleet) -> No
     # Restart B on the same port: it rejoins, and its sessions go back to it.
     # SIGKILL is delivered at once but a process holding gigabytes takes a moment to be torn down.
     gone_by = time.monotonic() + 60
-    while group_members(fleet.b.process.pid) and time.monotonic() < gone_by:
+    while session_members(fleet.b.process.pid) and time.monotonic() < gone_by:
         time.sleep(0.5)
-    assert not group_members(fleet.b.process.pid), "a process of the killed backend survived SIGKILL"
+    assert not session_members(fleet.b.process.pid), "a process of the killed backend survived SIGKILL"
     again = serve_again(fleet.b, fleet.b_port)
     fleet.restarted.append(again)
     fleet.b = again

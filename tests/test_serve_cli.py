@@ -23,13 +23,14 @@ RECIPE = json.loads((Path(__file__).parent / "fixtures" / "serve" / "recipe-laun
 
 @pytest.fixture(autouse=True)
 def never_exec(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests expect serve to stop before exec; if it ever got that far, fail instead of replacing pytest."""
+    """These tests expect serve to stop before the engine; if it ever got that far, fail instead of starting it."""
     import glm53.serve.engines
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("serve reached exec in a test that expected it to stop before")
 
     monkeypatch.setattr(glm53.serve.engines, "exec_launch", refuse)
+    monkeypatch.setattr(glm53.serve.engines, "prepare_launch", refuse)
 
 
 def _locked_dir(tmp_path: Path) -> Path:

@@ -18,6 +18,7 @@ from glm53.output import Output
 from glm53.plan.vllm.env import PLANNED_KEYS
 from glm53.recipe.profiles import load_profile
 from glm53.serve import start
+from glm53.serve.exec import EngineProcess
 from glm53.serve.resolve import PLAN_THIS_HOST, ServeRequest, plan_on_this_host, resolve_launch
 from tests.support.cli import run_glm53
 from tests.support.fake_nvml import FakeNvml, two_3090s
@@ -68,7 +69,7 @@ class _Exec(Exception):
     pass
 
 
-def test_dry_run_json_is_exactly_what_exec_receives(
+def test_dry_run_json_is_exactly_what_the_engine_receives(
     tmp_path: Path, recipe_gpus: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = write_tiny_glm53_checkpoint(tmp_path / "model")
@@ -86,14 +87,27 @@ def test_dry_run_json_is_exactly_what_exec_receives(
 
     received: dict[str, Any] = {}
 
-    def fake_execvpe(program: str, argv: list[str], env: dict[str, str]) -> None:
+    def fake_execve(program: str, argv: list[str], env: dict[str, str]) -> None:
         received.update(program=program, argv=argv, env=env)
         raise _Exec
 
-    monkeypatch.setattr(glm53.serve.exec.os, "execvpe", fake_execvpe)
+    monkeypatch.setattr(glm53.serve.exec.os, "execve", fake_execve)
     monkeypatch.setattr(glm53.serve.exec.os, "sched_setaffinity", lambda pid, cpus: received.update(cpus=cpus))
     with pytest.raises(_Exec):
+        start.start(req.model_copy(update={"exec_in_place": True}), Output())
+    # Without --exec the same process is run as glm53's child.
+    supervised: list[EngineProcess] = []
+
+    def fake_supervise(process: EngineProcess, *args: object) -> int:
+        supervised.append(process)
+        raise _Exec
+
+    monkeypatch.setattr(start, "supervise", fake_supervise)
+    with pytest.raises(_Exec):
         start.start(req, Output())
+    (child,) = supervised
+    assert (child.program, child.argv, child.env) == (received["program"], received["argv"], received["env"])
+    assert child.cpu_affinity == list(received["cpus"])
 
     launch = shown["launch"]
     assert received["argv"] == launch["argv"] and received["program"] == launch["argv"][0]

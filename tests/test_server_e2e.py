@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from glm53.serve.demo import sample_body
-from tests.support.server import VllmServer, free_port, glm53_executable, group_members
+from glm53.serve.progress import parse_stage_line
+from tests.support.server import VllmServer, children_of, free_port, glm53_executable, session_members
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +61,32 @@ def test_health_and_models(vllm_server: VllmServer) -> None:
     assert models["data"][0]["root"] == str(vllm_server.model_dir.resolve())
 
 
-def test_serve_execs_vllm_with_no_wrapper_left(vllm_server: VllmServer) -> None:
-    # `glm53 serve` replaced itself with vLLM: the pid we started now runs vLLM's CLI, nothing else.
-    argv = _cmdline(vllm_server.process.pid)
+def test_serve_runs_vllm_as_its_one_child_and_reports_each_stage(vllm_server: VllmServer) -> None:
+    # `glm53 serve` runs vLLM's CLI as its only child, in a process group of its own (a terminal's Ctrl-C reaches
+    # glm53 alone, which passes it on once), with the launch's environment.
+    (child,) = children_of(vllm_server.process.pid)
+    argv = _cmdline(child)
     assert "glm53.serve.launcher" in argv and "serve" in argv
     assert "--enforce-eager" in argv and argv[argv.index("--host") + 1] == "127.0.0.1"
-    assert not any(part.endswith("/glm53") for part in argv)
-    env = Path(f"/proc/{vllm_server.process.pid}/environ").read_bytes().split(b"\0")
+    assert os.getpgid(child) == child != os.getpgid(vllm_server.process.pid)
+    env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
     assert b"VLLM_CPU_KVCACHE_SPACE=1" in env and b"HF_HUB_OFFLINE=1" in env
+    # Each stage of the start once, in order, with its time, read from what the start printed.
+    stages = [s for s in map(parse_stage_line, vllm_server.log_path.read_text(errors="replace").splitlines()) if s]
+    names = [stage.stage for stage in stages]
+    assert names == [
+        "plan",
+        "config",
+        "engine started",
+        "engine core",
+        "model load",
+        "KV cache and warm-up",
+        "API server",
+        "first health",
+    ], names
+    seconds = [stage.seconds for stage in stages]
+    assert seconds == sorted(seconds) and seconds[-1] <= vllm_server.ready_seconds + 1.0
+    assert stages[2].detail.startswith(f"pid {child}:")
 
 
 def test_chat_completion(vllm_server: VllmServer) -> None:
@@ -216,12 +235,12 @@ def test_demo_serves_and_ctrl_c_stops_it_cleanly(vllm_server: VllmServer, tmp_pa
         os.killpg(process.pid, signal.SIGINT)
         process.wait(timeout=60)
         deadline = time.monotonic() + 30
-        while group_members(process.pid) and time.monotonic() < deadline:
+        while session_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert group_members(process.pid) == []
+        assert session_members(process.pid) == []
         _assert_quiet_stop(log.read_text(errors="replace"))
     finally:
-        for pid in group_members(process.pid):
+        for pid in session_members(process.pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -256,14 +275,14 @@ def test_ctrl_c_while_the_demo_starts_is_quiet(vllm_server: VllmServer, tmp_path
             os.killpg(process.pid, signal.SIGINT)
             code = process.wait(timeout=120)
         deadline = time.monotonic() + 30
-        while group_members(process.pid) and time.monotonic() < deadline:
+        while session_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert group_members(process.pid) == []
+        assert session_members(process.pid) == []
         text = log.read_text(errors="replace")
         if "Application startup complete" not in text:
             assert code == 130, text[-3000:]
             assert "interrupted: vLLM stopped before it was ready" in text
         _assert_quiet_stop(text)
     finally:
-        for pid in group_members(process.pid):
+        for pid in session_members(process.pid):
             os.kill(pid, signal.SIGKILL)

@@ -34,8 +34,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc."""
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of a session, from /proc: every process a command started with
+    `start_new_session=True` started in turn, whatever process group it put them in (`glm53 serve` runs the
+    engine in a group of its own)."""
     members: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -44,11 +46,34 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after the last ')'.
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces, so split after the last ')'.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != "Z":
+        if len(fields) >= 4 and int(fields[3]) == sid and fields[0] != "Z":
             members.append(int(entry.name))
     return members
+
+
+def signal_session(sid: int, number: int) -> None:
+    """Send a signal to every process of a session: a whole box at once, as a power cut would take it."""
+    for pid in session_members(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, number)
+
+
+def children_of(pid: int) -> list[int]:
+    """The live children of a process, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 @dataclass
@@ -69,7 +94,7 @@ class VllmServer:
             return "(no log)"
 
     def stop(self) -> None:
-        """SIGTERM to the server's pid (vLLM itself: `glm53 serve` exec'd into it), then wait for the group."""
+        """SIGTERM to the server's pid (`glm53 serve`, which passes it to vLLM), then wait for its session."""
         pgid = self.process.pid
         started = time.monotonic()
         if self.process.poll() is None:
@@ -77,10 +102,10 @@ class VllmServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=STOP_TIMEOUT_S)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while group_members(pgid) and time.monotonic() < deadline:
+        while session_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
         self.stop_seconds = time.monotonic() - started
-        self.leftover = group_members(pgid)
+        self.leftover = session_members(pgid)
         for pid in self.leftover:  # never leave a stray engine behind, even when the check fails
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

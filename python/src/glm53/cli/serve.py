@@ -59,14 +59,26 @@ def serve_cmd(
             ),
         ),
     ] = None,
+    exec_in_place: Annotated[
+        bool,
+        typer.Option(
+            "--exec",
+            help=(
+                "Replace glm53 with the engine: its PID and every signal are the engine's, and no stage lines are "
+                "printed. Without it the engine runs as glm53's child, each stage of its start reported with its "
+                "time, signals passed on, and glm53 ends as the engine does."
+            ),
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Serve a checkpoint: check the host, plan its expert pools, exec the profile's engine.
+    """Serve a checkpoint: check the host, plan its expert pools, start the profile's engine.
 
-    vLLM profiles exec `vllm serve`; exllamav3 profiles (exl3-*) write TabbyAPI's config and exec TabbyAPI with
-    ExLlamaV3. A GPU profile without --plan-env is planned on this host first (--rig plans another machine).
-    --dry-run shows exactly what that start would exec (argv, environment, CPU affinity, config file), each
-    value with its origin.
+    vLLM profiles run `vllm serve`; exllamav3 profiles (exl3-*) write TabbyAPI's config and run TabbyAPI with
+    ExLlamaV3. Each stage of the start (plan, config, the engine's load, first health) prints one line with its
+    time; --exec replaces glm53 with the engine instead. A GPU profile without --plan-env is planned on this host
+    first (--rig plans another machine). --dry-run shows exactly what that start would run (argv, environment,
+    CPU affinity, config file), each value with its origin.
 
     Examples:
       glm53 serve --model-dir /models/glm53 --profile agent-256k
@@ -91,6 +103,7 @@ def serve_cmd(
         skip_preflight=skip_preflight,
         skip_flag_check=skip_flag_check,
         capture_routing=capture_routing,
+        exec_in_place=exec_in_place,
     )
     out = Output(json_mode=json_out)
     if dry_run:

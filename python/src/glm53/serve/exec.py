@@ -1,15 +1,18 @@
-"""What every engine's exec shares: the API key read from its file, the CPU affinity pinned.
+"""What every engine's start shares: the API key read from its file, the CPU affinity pinned, the process it
+runs (`EngineProcess`), exec'd in place with `--exec` or run as glm53's child (`glm53.serve.supervise`).
 
-`os.execvpe` (not a child process): signals from systemd, Docker or Ctrl-C reach vLLM directly, and no glm53
-wrapper process is left. The API key is read from a file and passed in VLLM_API_KEY only; it is never put into
-argv (visible in /proc/PID/cmdline) nor printed.
+The API key is read from a file and passed in the environment only (VLLM_API_KEY, or TabbyAPI's private key
+file); it is never put into argv (visible in /proc/PID/cmdline) nor printed.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from glm53.errors import BadInput
 from glm53.fsutil import read_text_bounded
@@ -57,3 +60,25 @@ def apply_affinity(cpus: list[int] | None) -> None:
             f"cannot pin vLLM to CPUs {cpus}: {exc.strerror}",
             fix=f"this process may use CPUs {allowed}; re-run `glm53 plan host` on this machine",
         ) from exc
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    """What a start runs: the program (a path, found on the launch's PATH), its argv, environment, working
+    directory and CPU affinity, the same whether glm53 execs it or runs it as its child."""
+
+    program: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    cpu_affinity: list[int] | None
+
+
+def exec_in_place(process: EngineProcess) -> NoReturn:
+    """Replace this process with the engine: its PID, and every signal straight to it."""
+    if process.cwd is not None:
+        os.chdir(process.cwd)
+    apply_affinity(process.cpu_affinity)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(process.program, process.argv, process.env)

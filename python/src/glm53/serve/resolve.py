@@ -66,6 +66,8 @@ class ServeRequest(BaseModel):
     rig: str | None = None
     # Record ExLlamaV3's routing into this directory while it serves (exllamav3 profiles).
     capture_routing: Path | None = None
+    # Replace glm53 with the engine (its PID, its signals) instead of running it as a child that reports stages.
+    exec_in_place: bool = False
 
 
 class PlanStatus(BaseModel):

@@ -1,15 +1,18 @@
 """Start a resolved launch, or show it: the two ends of `glm53 serve`.
 
-    dry_run(request) -> DryRun      the launch a start would exec, each value with its origin; starts nothing
-    start(request, out) -> NoReturn  engine libraries, preflight (doctor's checks), the engine's own check, exec
+    dry_run(request) -> DryRun      the launch a start would run, each value with its origin; starts nothing
+    start(request, out) -> NoReturn  engine libraries, preflight (doctor's checks), the engine's own check, then
+                                     the engine: as glm53's child, each stage of its start reported with its time
+                                     (`glm53.serve.supervise`), or exec'd in place with --exec
 
 Both resolve the launch with `resolve_launch`, the same function and the same inputs, so the dry run's argv,
-environment and CPU affinity are what exec receives.
+environment and CPU affinity are what the engine receives.
 """
 
 from __future__ import annotations
 
 import shlex
+import time
 from typing import NoReturn
 
 from pydantic import BaseModel
@@ -22,6 +25,7 @@ from glm53.serve import engines
 from glm53.serve.engines import engine_of
 from glm53.serve.launch import FlagCheck, LaunchSpec
 from glm53.serve.resolve import PLACEHOLDER_MODEL_DIR, Launch, PlanStatus, ServeRequest, resolve_launch
+from glm53.serve.supervise import StartReporter, end_like, supervise, write_all
 
 # Doctor checks whose failure is a wrong flag or file of the request (exit 2); any other failure is the
 # host's (exit 3).
@@ -107,6 +111,7 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
             f"--rig {req.rig} plans another machine; a start serves this one",
             fix="add --dry-run to see that machine's launch, or leave --rig out to plan this host",
         )
+    reporter = StartReporter(time.monotonic(), write_all(2))
     # Planning impossible is reported after preflight, so that one run names every problem of the host.
     launch = resolve_launch(req)
     engine = engine_of(launch.spec.engine)
@@ -122,10 +127,17 @@ def start(req: ServeRequest, out: Output) -> NoReturn:
         )
     if launch.plan.source == "this host":
         out.info(f"planned the expert pools for this host: {len(launch.plan.keys)} values")
-    engine.before_exec(launch.spec, out, skip_flag_check=req.skip_flag_check)
     spec = launch.spec
+    if not req.exec_in_place:
+        checked = "skipped" if req.skip_preflight else "passed"
+        reporter.stage("plan", f"launch resolved (plan: {launch.plan.source}), preflight {checked}")
+    engine.before_exec(spec, out, skip_flag_check=req.skip_flag_check)
     out.info(f"serving {spec.profile} on {spec.base_url} (OpenAI API under {spec.base_url}/v1)")
-    engines.exec_launch(spec, api_key=launch.api_key)
+    if req.exec_in_place:
+        engines.exec_launch(spec, api_key=launch.api_key)
+    process = engines.prepare_launch(spec, api_key=launch.api_key)
+    reporter.stage("config", "checked by the engine's own parser" if not req.skip_flag_check else "written")
+    end_like(supervise(process, engine.start_stages, f"{spec.base_url}/health", reporter))
 
 
 __all__ = ["INPUT_CHECKS", "DryRun", "describe", "dry_run", "preflight", "start"]

@@ -1,5 +1,5 @@
 """The seam every engine implements (`ServeEngine`): what it plans on a host, how its launch is built from a
-profile, checked before a start and shown in a dry run, and how it is exec'd. Nothing outside an engine's own
+profile, checked before a start and shown in a dry run, and how it is started. Nothing outside an engine's own
 module asks which engine a launch runs: it asks the launch's `ServeEngine`."""
 
 from __future__ import annotations
@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 from glm53.output import Output
 from glm53.recipe.engine import Engine
 from glm53.recipe.profiles import Profile
+from glm53.serve.exec import EngineProcess
 from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput
+from glm53.serve.progress import StageMarker
 
 # A host plan as profile values (key, value, origin) plus what it sets beside the profile keys.
 PlanLayer = tuple[list[tuple[str, str, str]], PlanInput]
@@ -45,6 +47,8 @@ class ServeEngine(Protocol):
     # The serving-shape fields `glm53 plan host` passes its planner; None: every field and the host's resources
     # (--ram, --cpus, --bandwidth).
     plan_shape_fields: tuple[str, ...] | None
+    # The stages of a start its log shows, in order (`glm53.serve.progress`).
+    start_stages: tuple[StageMarker, ...]
 
     def check_model_dir(self, model_dir: Path) -> None:
         """Refuse a checkpoint this engine cannot serve (BadInput), before anything is planned."""
@@ -75,6 +79,7 @@ class ServeEngine(Protocol):
     def before_exec(self, spec: LaunchSpec, out: Output, *, skip_flag_check: bool) -> None:
         """What a start checks last, after the host plan: the launch against the engine's own parser or schema."""
 
-    def exec(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> NoReturn:
-        """Replace this process with the engine. Only returns by raising (the program cannot be found)."""
+    def prepare(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> EngineProcess:
+        """What a start runs (the program found on the launch's PATH), after writing the files it reads;
+        Unavailable when the program or its tree is missing."""
         ...

@@ -1,17 +1,18 @@
 """The second engine, ExLlamaV3 + TabbyAPI: the split planner's values, TabbyAPI's config written 0600 into a
-private working directory and checked against TabbyAPI's own schema, its Python exec'd in place."""
+private working directory and checked against TabbyAPI's own schema, its Python started as glm53's child (its
+stages reported) or exec'd in place (`--exec`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
 
 from glm53.checkpoint.model_spec import load_model_spec, read_checkpoint_config
 from glm53.constants import GIB
@@ -26,8 +27,9 @@ from glm53.recipe.profiles import Profile
 from glm53.serve.engines.base import PLAN_THIS_HOST, LaunchInputs, PlanLayer
 from glm53.serve.engines.exllamav3.tabby import API_TOKENS_NAME, build_tabby_launch, clean_environment, tabby_main
 from glm53.serve.engines.exllamav3.tabby_check import require_tabby_config, tabby_config_check
-from glm53.serve.exec import apply_affinity
+from glm53.serve.exec import EngineProcess
 from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput, environment_for_exec
+from glm53.serve.progress import StageMarker
 
 
 def exl3_summary(plan: object) -> str:
@@ -112,12 +114,31 @@ def prepare_run_dir(spec: LaunchSpec, api_key: str | None) -> None:
         tokens.unlink(missing_ok=True)
 
 
+# The stages of a start in TabbyAPI's log (e632af41: backends/exllamav3/model.py, endpoints/server.py via uvicorn)
+# and ExLlamaV3 1.4.6's (modules/block_sparse_mlp_cpu.py), in the order a start reaches them.
+EXL3_START_STAGES = (
+    StageMarker(
+        "imports",
+        re.compile(r"Loading model: "),
+        "TabbyAPI, torch, ExLlamaV3 and its prebuilt extension imported; loading the model",
+    ),
+    StageMarker(
+        "CPU worker",
+        re.compile(r" -- CPU(-offloaded| split) experts \(worker"),
+        "ExLlamaV3's CPU expert worker took its first MoE layer",
+    ),
+    StageMarker("engine load", re.compile(r"Model successfully loaded"), "every layer loaded"),
+    StageMarker("API server", re.compile(r"Uvicorn running on|Application startup complete"), "TabbyAPI listening"),
+)
+
+
 class Exllamav3Engine:
     name: Engine = "exllamav3"
     planned_keys: tuple[str, ...] = PLANNED_KEYS_EXL3
     plans_rigs = True
     captures_routing = True
     plan_shape_fields: tuple[str, ...] | None = ("max_model_len", "max_num_seqs", "pool_threads")
+    start_stages: tuple[StageMarker, ...] = EXL3_START_STAGES
 
     def check_model_dir(self, model_dir: Path) -> None:
         if model_dir.is_dir():
@@ -163,10 +184,10 @@ class Exllamav3Engine:
     def before_exec(self, spec: LaunchSpec, out: Output, *, skip_flag_check: bool) -> None:
         out.info(require_tabby_config(spec))
 
-    def exec(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> NoReturn:
+    def prepare(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> EngineProcess:
         env = environment_for_exec(spec, clean_environment(inherited), None)
         program = spec.argv[0]
-        # os.execve does not search PATH: a bare GLM53_TABBYAPI_PYTHON (python3) is looked up here.
+        # os.execve and Popen's executable do not search PATH: a bare GLM53_TABBYAPI_PYTHON (python3) is looked up.
         if os.sep not in program:
             found = shutil.which(program, path=env.get("PATH"))
             if found is None:
@@ -178,11 +199,9 @@ class Exllamav3Engine:
                 f"{main} not found", fix="set GLM53_TABBYAPI_DIR to TabbyAPI's source tree (docs/serve.md)"
             )
         prepare_run_dir(spec, api_key)
-        os.chdir(spec.cwd or "/")
-        apply_affinity(spec.cpu_affinity)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execve(program, spec.argv, env)
+        return EngineProcess(
+            program=program, argv=spec.argv, env=env, cwd=spec.cwd or "/", cpu_affinity=spec.cpu_affinity
+        )
 
 
 EXLLAMAV3 = Exllamav3Engine()

@@ -1,14 +1,13 @@
 """The recipe's engine, vLLM: the pool planner's values, `vllm serve` with every flag checked by vLLM's own serve
-parser, exec'd in place (signals reach vLLM directly)."""
+parser, started as glm53's child (its stages reported) or exec'd in place (`--exec`)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
 
 from glm53.errors import BadInput, Unavailable
 from glm53.host.native_libs import find_system_library, read_loader_view, require_engine_libraries
@@ -20,8 +19,9 @@ from glm53.recipe.profiles import KEYS, Profile
 from glm53.serve.engines.base import PLAN_THIS_HOST, LaunchInputs, PlanLayer
 from glm53.serve.engines.vllm.argv import build_launch
 from glm53.serve.engines.vllm.flags import check_flags, vllm_command
-from glm53.serve.exec import apply_affinity
+from glm53.serve.exec import EngineProcess
 from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput, environment_for_exec
+from glm53.serve.progress import StageMarker
 
 
 def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
@@ -35,12 +35,31 @@ def _driver_env(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     return {"TRITON_LIBCUDA_PATH": (str(found.parent), f"this host ({found})")}
 
 
+# The stages of a start in vLLM's log (0.32: v1/engine/core.py, model_loader/default_loader.py, the GPU
+# runner's "Model loading took", entrypoints' server start), in the order a start reaches them.
+VLLM_START_STAGES = (
+    StageMarker("engine core", re.compile(r"Initializing a V1 LLM engine"), "vLLM's engine core started"),
+    StageMarker("model load", re.compile(r"Loading weights took|Model loading took"), "weights loaded"),
+    StageMarker(
+        "KV cache and warm-up",
+        re.compile(r"init engine \(profile, create kv cache, warmup model\) took"),
+        "KV cache allocated, model warmed up",
+    ),
+    StageMarker(
+        "API server",
+        re.compile(r"Starting vLLM server on|Uvicorn running on|Application startup complete"),
+        "vLLM listening",
+    ),
+)
+
+
 class VllmEngine:
     name: Engine = "vllm"
     planned_keys: tuple[str, ...] = PLANNED_KEYS
     plans_rigs = False
     captures_routing = False
     plan_shape_fields: tuple[str, ...] | None = None
+    start_stages: tuple[StageMarker, ...] = VLLM_START_STAGES
 
     def check_model_dir(self, model_dir: Path) -> None:
         return None  # vLLM reads the checkpoint's own config; `glm53 model verify` checks the files
@@ -101,18 +120,18 @@ class VllmEngine:
         else:
             out.warn(f"flags not checked: {check.reason}")
 
-    def exec(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> NoReturn:
+    def prepare(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> EngineProcess:
         env = environment_for_exec(spec, inherited, api_key)
         program = spec.argv[0]
-        if os.sep not in program and shutil.which(program, path=env.get("PATH")) is None:
-            raise Unavailable(
-                f"{program} not found on PATH",
-                fix="install vLLM (make setup installs the CPU build) or run the recipe's image",
-            )
-        apply_affinity(spec.cpu_affinity)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execvpe(program, spec.argv, env)
+        if os.sep not in program:
+            found = shutil.which(program, path=env.get("PATH"))
+            if found is None:
+                raise Unavailable(
+                    f"{program} not found on PATH",
+                    fix="install vLLM (make setup installs the CPU build) or run the recipe's image",
+                )
+            program = found
+        return EngineProcess(program=program, argv=spec.argv, env=env, cwd=None, cpu_affinity=spec.cpu_affinity)
 
 
 VLLM = VllmEngine()

@@ -166,6 +166,11 @@ EXPECTED: dict[str, Expect] = {
     "nix run": Expect(needs="elsewhere", why="a name in prose; tests/test_nix*.py evaluate the flake's apps"),
     # -- against the demo ------------------------------------------------------------------------------------
     "glm53 bench run --base-url http://127.0.0.1:8000": Expect(needs="demo", says="measuring 2048:512"),
+    # -- the second engine without Nix: needs a Python whose torch has CUDA, and a GPU ---------------------------
+    "glm53 repro install-engine glm53-engine --python /path/to/python-with-torch": Expect(
+        3, "--python /path/to/python-with-torch not found", needs="hardware"
+    ),
+    "glm53 serve --profile exl3-2x3090": Expect(2, "serve needs the model directory", needs="hardware"),
     # the demo's 2048:512 is none of the recipe's shapes: the rows are printed, and nothing is compared (exit 1)
     "glm53 bench compare glm53-bench": Expect(1, "nothing to compare", needs="demo"),
     "glm53 bench run --base-url http://127.0.0.1:8000 --out after": Expect(needs="demo", says="measuring 2048:512"),

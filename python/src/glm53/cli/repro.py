@@ -30,12 +30,26 @@ from glm53.preflight.render import render_report
 from glm53.recipe.pins import find_repro_lock, load_repro_lock, repro_lock_sha256
 from glm53.recipe.profiles import load_profile
 from glm53.repro import PinsInForce, audit_build, check_repo
+from glm53.repro.engine_env import (
+    InstallPlan,
+    InstallRequest,
+    check_request,
+    check_target,
+    environment_of,
+    gpu_architectures,
+    install_engine,
+    install_steps,
+    interpreter_facts,
+    wheels_for,
+)
 from glm53.repro.image import compare_image_tarballs, stream_image_twice
 from glm53.repro.manifest import build_manifest, diff_against_lock, diff_manifests, load_manifest, write_manifest
 from glm53.repro.render import (
     render_build_audit,
     render_findings,
     render_image_audit,
+    render_install,
+    render_install_steps,
     render_manifest_diff,
     render_pins,
 )
@@ -319,3 +333,64 @@ def diff_cmd(
     if result.pinned_differ:
         names = ", ".join(d.fact for d in result.differences if d.group == "pinned")
         raise CheckFailed(f"pinned facts differ: {names}", fix="see the table; the pinned group decides")
+
+
+@repro_app.command("install-engine")
+def install_engine_cmd(
+    target: Annotated[Path, typer.Argument(metavar="DIR", help="A new directory for the engine.", show_default=False)],
+    python: Annotated[
+        str,
+        typer.Option("--python", help="The base interpreter: CPython 3.11 or 3.12 whose torch has CUDA."),
+    ] = "python3",
+    cuda_arch: Annotated[
+        list[str] | None,
+        typer.Option("--cuda-arch", help="A compute capability to build for (repeat); default: this host's GPUs."),
+    ] = None,
+    wheels: Annotated[
+        Path | None,
+        typer.Option("--wheels", help="Install from the wheels in this folder only (offline); default: PyPI."),
+    ] = None,
+    tabbyapi: Annotated[
+        Path | None,
+        typer.Option("--tabbyapi", help="Copy TabbyAPI from this tree (at the lock's commit) instead of cloning it."),
+    ] = None,
+    max_jobs: Annotated[int | None, typer.Option("--max-jobs", help="Parallel compiles (MAX_JOBS).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the steps; install nothing.")] = False,
+    lock_path: ReproLockOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Install the second engine (TabbyAPI + ExLlamaV3) at the lock's pins without Nix, then say what to run.
+
+    A venv over --python (for its torch with CUDA), every wheel of engine.tabbyapi.environment for its ABI by
+    sha256, TabbyAPI at engine.tabbyapi.rev, and ExLlamaV3's extension and glm53's expert cache built ahead
+    for the GPUs (never compiled at serve time). DIR appears only when every step passed.
+
+    Examples:
+      glm53 repro install-engine ~/glm53-engine
+      glm53 repro install-engine ~/glm53-engine --python /opt/torch/bin/python --cuda-arch 8.6
+      glm53 repro install-engine DIR --wheels ./wheels --tabbyapi ./tabbyAPI --dry-run
+    """
+
+    lock = load_repro_lock(lock_path or find_repro_lock(Path.cwd()))
+    out = Output(json_mode=json_out)
+    target = target.expanduser().absolute()
+    if not dry_run:
+        check_target(target)  # bad usage before anything about this host is read
+    facts = interpreter_facts(python)
+    request = InstallRequest(
+        target=target,
+        python=facts.python,
+        cuda_arch=cuda_arch or ([] if dry_run else gpu_architectures()),
+        wheels=wheels,
+        tabbyapi=tabbyapi,
+        max_jobs=max_jobs,
+    )
+    if dry_run:
+        check_request(request)
+        environment = environment_of(lock)
+        wheels_for(environment, facts)
+        plan = InstallPlan(base=facts, steps=install_steps(request, facts, lock))
+        out.result(plan, lambda console: render_install_steps(plan, console))
+        return
+    result = install_engine(request, facts, lock, out.info)
+    out.result(result, lambda console: render_install(result, console))

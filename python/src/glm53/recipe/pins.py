@@ -110,6 +110,32 @@ class PythonWheelPin(_Strict):
     sha256: str = Field(pattern=_SHA256_HEX)
 
 
+class EnvironmentWheel(_Strict):
+    """One wheel of the second engine's environment without Nix: where PyPI serves it, its sha256, and the
+    Requires-Dist its METADATA states (what the lock's closure is checked against)."""
+
+    name: str = Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")  # canonical (PEP 503)
+    version: str = Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")
+    url: str = Field(pattern=r"^https://files\.pythonhosted\.org/packages/[^?#]+/[^/?#]+\.whl$")
+    sha256: str = Field(pattern=_SHA256_HEX)
+    requires: list[str] = []
+
+
+# The CPython ABIs the environment is locked for: Debian 12's Python (cp311) and the CUDA images' (cp312).
+EnvironmentAbi = Literal["cp311", "cp312"]
+
+
+class EngineEnvironment(_Strict):
+    """TabbyAPI + ExLlamaV3's Python environment without Nix (`glm53 engine install`), resolved by
+    tools/lock-engine-env.py: the root requirements, the constraints with their reasons, what the base
+    interpreter brings (torch, with the host's CUDA), and per ABI every other wheel, hashed."""
+
+    requirements: list[str] = Field(min_length=1)
+    constraints: dict[str, str]
+    base: list[str]
+    abis: dict[EnvironmentAbi, list[EnvironmentWheel]] = Field(min_length=1)
+
+
 class TabbyapiPin(_Strict):
     """TabbyAPI, the OpenAI-compatible server of the exllamav3 engine: a GitHub source tree at a commit (rev)
     with the NAR hash fetchFromGitHub checks, and the PyPI wheels its environment adds to nixpkgs'."""
@@ -119,6 +145,7 @@ class TabbyapiPin(_Strict):
     hash: str | None = Field(default=None, pattern=_SRI)
     date: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
     python: dict[Annotated[str, StringConstraints(pattern=_PYPI_NAME)], PythonWheelPin]
+    environment: EngineEnvironment | None = None
 
     @model_validator(mode="after")
     def _wheels_are_what_they_say(self) -> TabbyapiPin:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -9,6 +10,7 @@ from rich.table import Table
 
 from glm53.recipe.pins import ReproLock
 from glm53.repro import BuildAudit, RepoFinding
+from glm53.repro.engine_env import InstallPlan, InstallResult
 from glm53.repro.image import ImageAudit
 from glm53.repro.manifest import ManifestDiff
 
@@ -110,3 +112,25 @@ def render_manifest_diff(result: ManifestDiff, console: Console) -> None:
         group = f"[red]{d.group}[/red]" if d.group == "pinned" else d.group
         table.add_row(group, d.fact, str(d.a), str(d.b), d.why)
     console.print(table)
+
+
+def render_install_steps(plan: InstallPlan, console: Console) -> None:
+    facts = plan.base
+    console.print(
+        f"base interpreter: {facts.python} (CPython {facts.version}, {facts.abi}), torch {facts.torch}, "
+        f"CUDA {facts.cuda}"
+    )
+    table = Table("step", "runs", "what")
+    for step in plan.steps:
+        table.add_row(step.name, shlex.join(step.argv) if step.argv else "(glm53: copy and check)", step.detail)
+    console.print(table)
+
+
+def render_install(result: InstallResult, console: Console) -> None:
+    console.print(
+        f"installed into {result.target}: {result.wheels} wheels ({result.abi}), TabbyAPI {result.tabbyapi_rev[:12]}, "
+        f"extensions for {', '.join(result.cuda_arch)} in {sum(result.seconds.values()):.0f} s"
+    )
+    console.print("next:")
+    for line in result.next:
+        console.print(f"  {line}")

@@ -39,8 +39,9 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
                 name="tabbyapi",
                 status="fail",
                 detail=f"${TABBY_DIR_ENV}: {where}",
-                fix=f"set {TABBY_DIR_ENV} to TabbyAPI's source tree at the pinned commit (nix build .#tabbyapi, "
-                "or git checkout of engine.tabbyapi.rev in repro.lock.json)",
+                fix=f"set {TABBY_DIR_ENV} to TabbyAPI's source tree at the pinned commit: DIR/tabbyapi of "
+                "`glm53 repro install-engine DIR` (without Nix), nix build .#tabbyapi, or a git checkout of "
+                "engine.tabbyapi.rev in repro.lock.json",
             )
         )
     version = facts.exllamav3_version
@@ -50,7 +51,8 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
                 name="exllamav3",
                 status="fail",
                 detail="not installed",
-                fix=f"install ExLlamaV3 {pinned_version} (repro.lock.json engine.exllamav3), extension prebuilt",
+                fix=f"install ExLlamaV3 {pinned_version} with its extension prebuilt: `glm53 repro install-engine DIR` "
+                "(without Nix), then GLM53_TABBYAPI_PYTHON=DIR/venv/bin/python",
             )
         )
     elif version.split("+")[0] != pinned_version:
@@ -72,7 +74,8 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
                 name="exllamav3 extension",
                 status="fail",
                 detail=f"no prebuilt {EXTENSION_MODULE}: ExLlamaV3 would compile its CUDA sources at start",
-                fix="build it once with pkgs/exllamav3/build_ext.py for this GPU's architecture (Nix does)",
+                fix="build it once with pkgs/exllamav3/build_ext.py for this GPU's architecture (Nix and "
+                "`glm53 repro install-engine DIR` do)",
             )
         )
     old = [gpu for gpu in gpus if tuple(gpu.compute_capability) < EXL3_MIN_COMPUTE_CAPABILITY]

@@ -323,8 +323,8 @@ def serve_demo(demo: DemoModel, host: str, port: int, out: Output) -> NoReturn:
     """Serve the tiny model through the one launch path, `--profile cpu-tiny`."""
     base_url = f"http://{host}:{port}"
     out.info(
-        f"starting vLLM (CPU) on {base_url}; it answers GET {base_url}/health in about 45 s on 2 cores. "
-        "Ctrl-C stops it."
+        f"starting vLLM (CPU) on {base_url}; it answers GET {base_url}/health in about 30 s on 2 cores "
+        "(a line for each stage). Ctrl-C stops it."
     )
     out.info(
         "try (random weights: the answer is noise; thinking is off, so it is the message's content):\n  "

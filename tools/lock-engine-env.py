@@ -3,6 +3,11 @@
 (engine.tabbyapi.environment): every wheel by PyPI URL and sha256, per Python ABI, with its Requires-Dist.
 
     python3 tools/lock-engine-env.py --tabbyapi DIR [--lock repro.lock.json] [--abi cp311 --abi cp312]
+    python3 tools/lock-engine-env.py --verify [--lock repro.lock.json]
+
+--verify writes nothing: it downloads every locked wheel of each ABI from PyPI with `--require-hashes` (pip
+checks each sha256) and compares each wheel's METADATA Requires-Dist with the lock's `requires`; exit 1 on
+any difference.
 
 The roots are TabbyAPI's own dependencies (DIR/pyproject.toml, Linux x86_64 markers), ExLlamaV3 at the lock's
 version, the TabbyAPI wheels the lock already pins (engine.tabbyapi.python) and CONSTRAINTS. pip resolves them
@@ -21,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import zipfile
+from email.parser import Parser
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -161,13 +168,48 @@ def with_environment(text: str, value: str) -> str:
     return body + ',\n      "environment": ' + value + "\n    " + text[closing:]
 
 
+def verify(lock: dict[str, object]) -> int:
+    """Every locked wheel downloaded by its hash, its METADATA's Requires-Dist equal to the lock's."""
+    environment = lock["engine"]["tabbyapi"]["environment"]  # type: ignore[index]
+    differences = 0
+    for abi, wheels in environment["abis"].items():
+        version = f"{abi[2]}.{abi[3:]}"
+        with tempfile.TemporaryDirectory() as work:
+            requirements = Path(work) / "requirements.txt"
+            requirements.write_text(
+                "".join(f"{w['name']}=={w['version']} --hash=sha256:{w['sha256']}\n" for w in wheels)
+            )
+            argv = [sys.executable, "-m", "pip", "--isolated", "download", "--quiet", "--no-deps", "--require-hashes"]
+            argv += ["--index-url", "https://pypi.org/simple", "--only-binary=:all:", "--python-version", version]
+            argv += ["--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]
+            argv += [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+            argv += ["-d", work, "-r", str(requirements)]
+            subprocess.run(argv, check=True, env={k: v for k, v in os.environ.items() if not k.startswith("PIP_")})
+            by_file = {w["url"].rsplit("/", 1)[1]: w for w in wheels}
+            for path in sorted(Path(work).glob("*.whl")):
+                wheel = by_file[path.name]
+                with zipfile.ZipFile(path) as archive:
+                    name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+                    requires = Parser().parsestr(archive.read(name).decode()).get_all("Requires-Dist") or []
+                if requires != wheel["requires"]:
+                    differences += 1
+                    print(f"{abi} {path.name}: METADATA {requires}, lock {wheel['requires']}", file=sys.stderr)
+            print(f"{abi}: {len(by_file)} wheels downloaded by sha256, Requires-Dist compared", file=sys.stderr)
+    return 1 if differences else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tabbyapi", type=Path, required=True, help="TabbyAPI's source tree at the pinned commit")
+    parser.add_argument("--tabbyapi", type=Path, help="TabbyAPI's source tree at the pinned commit")
+    parser.add_argument("--verify", action="store_true", help="check the locked wheels against PyPI; write nothing")
     parser.add_argument("--lock", type=Path, default=ROOT / "repro.lock.json")
     parser.add_argument("--abi", action="append", default=None, help="cp311 (Debian 12), cp312 (the CUDA image)")
     args = parser.parse_args()
     lock = json.loads(args.lock.read_text())
+    if args.verify:
+        return verify(lock)
+    if args.tabbyapi is None:
+        parser.error("--tabbyapi DIR is needed to resolve (or --verify)")
     tabby = lock["engine"]["tabbyapi"]
     pinned = [f"{name}=={pin['version']}" for name, pin in sorted(tabby["python"].items())]
     requirements = [

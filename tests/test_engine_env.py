@@ -112,7 +112,7 @@ def test_requirements_pin_every_wheel_by_version_and_hash() -> None:
 
 def _facts(**kwargs: object) -> InterpreterFacts:
     values: dict[str, object] = {"python": "/usr/bin/python3", "abi": "cp311", "version": "3.11.2"}
-    values.update(torch="2.9.0+cu128", cuda="12.8", error=None)
+    values.update(torch="2.9.0+cu128", cuda="12.8", error=None, cuda_home="/usr/local/cuda", nvcc="12.9")
     values.update(kwargs)
     return InterpreterFacts.model_validate(values)
 
@@ -121,6 +121,11 @@ def test_the_base_interpreter_must_bring_torch_with_cuda() -> None:
     check_base(_facts(), ENVIRONMENT)
     with pytest.raises(Unavailable, match="built without CUDA"):
         check_base(_facts(torch="2.13.0+cpu", cuda=None), ENVIRONMENT)
+    with pytest.raises(Unavailable, match="no CUDA toolkit") as caught:
+        check_base(_facts(nvcc=None, cuda_home=None), ENVIRONMENT)
+    assert "CUDA 12 toolkit" in str(caught.value.fix)
+    with pytest.raises(Unavailable, match="across major versions"):
+        check_base(_facts(nvcc="13.0"), ENVIRONMENT)
     with pytest.raises(Unavailable, match="cannot import torch"):
         check_base(_facts(torch=None, error="ModuleNotFoundError"), ENVIRONMENT)
     with pytest.raises(Unavailable, match="cp311, cp312") as caught:
@@ -185,11 +190,13 @@ def test_install_engine_dry_run_lists_its_steps(tmp_path: Path) -> None:
     assert [step["name"] for step in steps] == [
         "environment",
         "wheels",
+        "base",
         "tabbyapi",
         "exllamav3_ext",
         "glm53_expert_cache",
         "imports",
     ]
     assert "--require-hashes" in steps[1]["argv"] and "--no-deps" in steps[1]["argv"]
-    assert steps[2]["argv"] is None  # copied and checked by glm53, not cloned
+    assert "--system-site-packages" not in steps[0]["argv"]  # a .pth names the base's site packages instead
+    assert steps[2]["argv"] is None and steps[3]["argv"] is None  # written, copied and checked by glm53
     assert not (tmp_path / "e").exists()

@@ -5,7 +5,7 @@
     install_steps(request, facts) -> [InstallStep]  what an install runs, in order (printed by --dry-run)
     install_engine(request) -> InstallResult        runs them; DIR appears only when every step passed
 
-DIR holds `venv/` (made with the base interpreter's site packages, for its torch), the wheels of
+DIR holds `venv/` (which reads the base interpreter's site packages after its own, for its torch), the wheels of
 `engine.tabbyapi.environment.abis[ABI]` installed with `--require-hashes --no-deps` (from PyPI, or from
 `--wheels DIR` offline), `tabbyapi/` at `engine.tabbyapi.rev` (cloned, or copied from `--tabbyapi TREE` after
 its commit or NAR hash is checked), and ExLlamaV3's extension and glm53's expert cache built ahead for the
@@ -33,12 +33,21 @@ from glm53.repro.nar import nar_hash_path
 
 # What the base interpreter reports about itself: `python -c PROBE`.
 PROBE = """
-import json, sys
+import json, sys, sysconfig
+paths = sysconfig.get_paths()
 facts = {"abi": f"cp{sys.version_info[0]}{sys.version_info[1]}", "version": sys.version.split()[0],
-         "torch": None, "cuda": None, "error": None}
+         "torch": None, "cuda": None, "error": None,
+         "site_packages": sorted({paths["purelib"], paths["platlib"]})}
 try:
     import torch
     facts["torch"], facts["cuda"] = torch.__version__, torch.version.cuda
+    import re, subprocess
+    from torch.utils.cpp_extension import CUDA_HOME
+    facts["cuda_home"] = CUDA_HOME
+    if CUDA_HOME:
+        out = subprocess.run([CUDA_HOME + "/bin/nvcc", "--version"], capture_output=True, text=True).stdout
+        found = re.search(r"release ([0-9]+[.][0-9]+)", out)
+        facts["nvcc"] = found.group(1) if found else None
 except Exception as exc:
     facts["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(facts))
@@ -48,6 +57,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[4]  # python/src/glm53/repro/engi
 BUILD_EXT = SOURCE_ROOT / "pkgs" / "exllamav3" / "build_ext.py"
 EXPERT_CACHE_SOURCES = SOURCE_ROOT / "pkgs" / "exllamav3" / "expert-cache"
 # What TabbyAPI's entry point and ExLlamaV3 import first, checked in the new environment at the end.
+BASE_PTH = "glm53-base-interpreter.pth"
 IMPORT_CHECK = ("exllamav3", "exllamav3_ext", "glm53_expert_cache", "uvicorn", "fastapi", "loguru", "uvloop")
 
 
@@ -58,6 +68,12 @@ class InterpreterFacts(BaseModel):
     torch: str | None
     cuda: str | None
     error: str | None
+    # Where its torch is installed: the new environment reads them after its own (a .pth file), which
+    # --system-site-packages would not do when the base is itself a venv (it names the venv's own base).
+    site_packages: list[str] = []
+    # The CUDA toolkit torch's extension build uses (CUDA_HOME) and its nvcc's release.
+    cuda_home: str | None = None
+    nvcc: str | None = None
 
 
 class InstallRequest(BaseModel):
@@ -125,6 +141,18 @@ def check_base(facts: InterpreterFacts, environment: EngineEnvironment) -> None:
         raise Unavailable(f"{facts.python} cannot import torch ({facts.error})", fix=fix)
     if facts.cuda is None:
         raise Unavailable(f"{facts.python}'s torch {facts.torch} is built without CUDA", fix=fix)
+    toolkit = f"the CUDA {facts.cuda.split('.')[0]} toolkit (nvcc)"
+    if facts.nvcc is None:
+        raise Unavailable(
+            f"no CUDA toolkit for the extensions' build: torch finds no nvcc (CUDA_HOME={facts.cuda_home})",
+            fix=f"install {toolkit} and set CUDA_HOME to it",
+        )
+    if facts.nvcc.split(".")[0] != facts.cuda.split(".")[0]:
+        raise Unavailable(
+            f"nvcc in {facts.cuda_home} is CUDA {facts.nvcc}, {facts.python}'s torch is built for CUDA {facts.cuda}: "
+            "torch refuses to build extensions across major versions",
+            fix=f"set CUDA_HOME to {toolkit}, or use a torch built for CUDA {facts.nvcc}",
+        )
 
 
 def requirements_text(wheels: list[EnvironmentWheel]) -> str:
@@ -135,21 +163,27 @@ def requirements_text(wheels: list[EnvironmentWheel]) -> str:
 def install_steps(request: InstallRequest, facts: InterpreterFacts, lock: ReproLock) -> list[InstallStep]:
     partial = partial_dir(request.target)
     python = str(partial / "venv" / "bin" / "python")
-    site = f"{partial}/venv/lib/python{facts.version.rsplit('.', 1)[0]}/site-packages"
-    pip = [python, "-m", "pip", "install", "--no-deps", "--require-hashes", "--only-binary=:all:"]
+    site = str(site_packages_of(partial / "venv", facts))
+    pip = [python, "-m", "pip", "install", "--no-deps", "--require-hashes", "--only-binary=:all:", "--ignore-installed"]
     pip += ["--no-index", "--find-links", str(request.wheels)] if request.wheels else []
     tabby = lock.engine.tabbyapi
     arch = ";".join(request.cuda_arch)
     steps = [
         InstallStep(
             name="environment",
-            argv=[request.python, "-m", "venv", "--system-site-packages", str(partial / "venv")],
-            detail=f"a venv over {request.python} (its torch {facts.torch}, CUDA {facts.cuda})",
+            argv=[request.python, "-m", "venv", str(partial / "venv")],
+            detail=f"a venv of {request.python}'s Python",
         ),
         InstallStep(
             name="wheels",
             argv=[*pip, "-r", str(partial / "requirements.txt")],
             detail=f"every wheel of engine.tabbyapi.environment.abis.{facts.abi}, by sha256",
+        ),
+        InstallStep(
+            name="base",
+            argv=None,
+            detail=f"{request.python}'s site packages after the venv's own ({BASE_PTH}): its torch {facts.torch}, "
+            f"CUDA {facts.cuda}",
         ),
         InstallStep(
             name="tabbyapi",
@@ -176,6 +210,14 @@ def install_steps(request: InstallRequest, facts: InterpreterFacts, lock: ReproL
         ),
     ]
     return steps
+
+
+def failure_log(target: Path, step: str) -> Path:
+    return target.with_name(f"{target.name}.{step}-failed.log")
+
+
+def site_packages_of(venv: Path, facts: InterpreterFacts) -> Path:
+    return venv / "lib" / f"python{facts.version.rsplit('.', 1)[0]}" / "site-packages"
 
 
 def partial_dir(target: Path) -> Path:
@@ -222,12 +264,22 @@ def copy_tabbyapi(source: Path, destination: Path, lock: ReproLock) -> None:
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns(".git"), symlinks=True)
 
 
-def _run_step(step: InstallStep, env: dict[str, str], cwd: Path) -> None:
+def _run_step(step: InstallStep, env: dict[str, str], cwd: Path, log: Path) -> None:
+    """Run one step; on failure its whole output is kept in `log` (beside DIR, which is never made) and its
+    error lines are shown."""
     assert step.argv is not None
     done = run(step.argv, env=env, what=f"install step {step.name}", cwd=cwd)
-    if done.returncode != 0:
-        tail = "\n  ".join(text(done.stderr or done.stdout, limit=3000).splitlines()[-12:])
-        raise Unavailable(f"install step {step.name} failed (exit {done.returncode}):\n  {tail}")
+    if done.returncode == 0:
+        return
+    output = (done.stdout or b"") + (done.stderr or b"")
+    log.write_bytes(output)
+    lines = output.decode("utf-8", errors="replace").splitlines()
+    errors = [line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)][:8] or lines[-12:]
+    shown = "\n  ".join(line[:300] for line in errors)
+    raise Unavailable(
+        f"install step {step.name} failed (exit {done.returncode}):\n  {shown}",
+        fix=f"the step's whole output is in {log}",
+    )
 
 
 CUDA_ARCH = re.compile(r"^[0-9]+\.[0-9]+(\+PTX)?$")
@@ -276,12 +328,15 @@ def install_engine(
             started = time.monotonic()
             build = partial / "build" / step.name
             build.mkdir(parents=True, exist_ok=True)
-            if step.name == "tabbyapi" and request.tabbyapi is not None:
+            if step.name == "base":
+                site = site_packages_of(partial / "venv", facts)
+                (site / BASE_PTH).write_text("".join(f"{path}\n" for path in facts.site_packages))
+            elif step.name == "tabbyapi" and request.tabbyapi is not None:
                 copy_tabbyapi(request.tabbyapi, partial / "tabbyapi", lock)
             else:
                 if step.name == "glm53_expert_cache":
                     env["EXL3_EXTENSION_NAME"] = "glm53_expert_cache"
-                _run_step(step, env, build)
+                _run_step(step, env, build, failure_log(request.target, step.name))
                 env.pop("EXL3_EXTENSION_NAME", None)
                 if step.name == "tabbyapi":
                     _run_step(
@@ -292,6 +347,7 @@ def install_engine(
                         ),
                         env,
                         build,
+                        failure_log(request.target, step.name),
                     )
             seconds[step.name] = round(time.monotonic() - started, 1)
             say(f"{step.name}: {step.detail} ({seconds[step.name]} s)")

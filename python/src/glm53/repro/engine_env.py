@@ -3,7 +3,7 @@
     interpreter_facts(python) -> InterpreterFacts   its ABI, and its torch with CUDA (the base of the environment)
     requirements_text(wheels) -> str               pip's hash-checking requirements, one wheel a line
     install_steps(request, facts) -> [InstallStep]  what an install runs, in order (printed by --dry-run)
-    install_engine(request) -> InstallResult        runs them; DIR appears only when every step passed
+    install_engine(request) -> EngineInstallResult  runs them; DIR appears only when every step passed
 
 DIR holds `venv/` (which reads the base interpreter's site packages after its own, for its torch), the wheels of
 `engine.tabbyapi.environment.abis[ABI]` installed with `--require-hashes --no-deps` (from PyPI, or from
@@ -98,7 +98,7 @@ class InstallPlan(BaseModel):
     steps: list[InstallStep]
 
 
-class InstallResult(BaseModel):
+class EngineInstallResult(BaseModel):
     target: Path
     abi: str
     wheels: int
@@ -305,7 +305,7 @@ def install_engine(
     facts: InterpreterFacts,
     lock: ReproLock,
     say: Callable[[str], None],
-) -> InstallResult:
+) -> EngineInstallResult:
     check_request(request)
     check_target(request.target)
     environment = environment_of(lock)
@@ -359,7 +359,7 @@ def install_engine(
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return InstallResult(
+    return EngineInstallResult(
         target=request.target,
         abi=facts.abi,
         wheels=len(wheels),
@@ -402,9 +402,9 @@ def gpu_architectures(nvidia_smi: str | None = None) -> list[str]:
 
 
 __all__ = [
+    "EngineInstallResult",
     "InstallPlan",
     "InstallRequest",
-    "InstallResult",
     "InstallStep",
     "InterpreterFacts",
     "check_base",

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from glm53.recipe.pins import ReproLock
 from glm53.repro import BuildAudit, RepoFinding
-from glm53.repro.engine_env import InstallPlan, InstallResult
+from glm53.repro.engine_env import EngineInstallResult, InstallPlan
 from glm53.repro.image import ImageAudit
 from glm53.repro.manifest import ManifestDiff
 
@@ -126,7 +126,7 @@ def render_install_steps(plan: InstallPlan, console: Console) -> None:
     console.print(table)
 
 
-def render_install(result: InstallResult, console: Console) -> None:
+def render_install(result: EngineInstallResult, console: Console) -> None:
     console.print(
         f"installed into {result.target}: {result.wheels} wheels ({result.abi}), TabbyAPI {result.tabbyapi_rev[:12]}, "
         f"extensions for {', '.join(result.cuda_arch)} in {sum(result.seconds.values()):.0f} s"

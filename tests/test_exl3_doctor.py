@@ -99,7 +99,7 @@ def test_tabbyapi_not_set_or_not_a_tree_fails_with_the_fix() -> None:
     [
         ("1.4.5", "fail", f"1.4.5, pinned {PINNED}"),
         ("1.5.0", "fail", f"1.5.0, pinned {PINNED}"),
-        (None, "fail", "not installed"),
+        (None, "fail", "not installed in /opt/tabbyAPI/venv/bin/python"),  # READY names its Python
         (f"{PINNED}+cu128.torch2.9", "ok", f"{PINNED}+cu128.torch2.9"),
     ],
 )
@@ -170,9 +170,20 @@ def test_engine_facts_are_read_from_a_tree_and_an_installed_distribution(
     # Not a loadable library: found by name only, never imported (importing it would initialise CUDA).
     ext = site / f"exllamav3_ext{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     ext.write_bytes(b"not an ELF file")
-    facts = read_exl3_engine({"GLM53_TABBYAPI_DIR": str(tabby), "GLM53_TABBYAPI_PYTHON": "/usr/bin/python3"})
-    assert facts.tabby_main is True and facts.tabby_python == "/usr/bin/python3"
+    facts = read_exl3_engine({"GLM53_TABBYAPI_DIR": str(tabby)})
+    assert facts.tabby_main is True and facts.tabby_python is None
     assert facts.extension == str(ext) and "exllamav3_ext" not in sys.modules
+    # TabbyAPI's own Python (`glm53 repro install-engine`'s venv): asked in its own process, with its own path.
+    monkeypatch.undo()
+    elsewhere = {"GLM53_TABBYAPI_DIR": str(tabby), "GLM53_TABBYAPI_PYTHON": sys.executable, "PYTHONPATH": str(site)}
+    assert read_exl3_engine(elsewhere) == facts.model_copy(update={"tabby_python": sys.executable})
+    assert read_exl3_engine({**elsewhere, "PYTHONPATH": str(tmp_path)}).extension is None  # not in that Python
+    missing = read_exl3_engine({**elsewhere, "GLM53_TABBYAPI_PYTHON": str(tmp_path / "no-python")})
+    assert missing.exllamav3_version is None and missing.tabby_python_error == (
+        f"$GLM53_TABBYAPI_PYTHON {tmp_path / 'no-python'} not found"
+    )
+    failed = _report(_facts(two_3090s(), missing))
+    assert any(c.name == "exllamav3" and "no-python not found" in c.detail for c in failed.checks)
     report = _report(_facts(two_3090s(), facts))
     assert report.ok, [c for c in report.checks if c.status == "fail"]
 

@@ -46,11 +46,12 @@ def check_exl3_engine(facts: Exl3EngineFacts, gpus: Sequence[GpuInfo], pinned_ve
         )
     version = facts.exllamav3_version
     if version is None:
+        where = f" in {facts.tabby_python}" if facts.tabby_python else ""
         checks.append(
             DoctorFinding(
                 name="exllamav3",
                 status="fail",
-                detail="not installed",
+                detail=facts.tabby_python_error or f"not installed{where}",
                 fix=f"install ExLlamaV3 {pinned_version} with its extension prebuilt: `glm53 repro install-engine DIR` "
                 "(without Nix), then GLM53_TABBYAPI_PYTHON=DIR/venv/bin/python",
             )

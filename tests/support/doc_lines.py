@@ -158,6 +158,7 @@ EXPECTED: dict[str, Expect] = {
     "make demo": Expect(needs="elsewhere", why="tests/test_server_e2e.py serves and stops the demo; CI runs it"),
     "make demo PORT=8001": Expect(needs="elsewhere", why="tests/test_doc_lines.py: make passes --port 8001"),
     "make test": Expect(needs="elsewhere", why="what CI runs (.ci/run)"),
+    "make setup": Expect(needs="elsewhere", why="creates .venv/; `make demo` and `make test` run it first, as CI does"),
     "make test-fast": Expect(needs="elsewhere", why="the tests without the slow ones; CI runs them all"),
     "make cli-docs": Expect(needs="elsewhere", why="`make lint` fails when docs/cli.md is not what it writes"),
     ". .venv/bin/activate": Expect(

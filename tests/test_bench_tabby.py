@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from glm53.bench.client import BenchClient
 from tests.support.bench_fixtures import QuietHandler, serve_http
 from tests.support.cli import run_bench
 
@@ -192,3 +193,13 @@ def test_a_prompt_that_cannot_be_made_exact_is_an_invalid_run_not_a_crash(tmp_pa
     run = result.json()["run"]["shapes"][0]["runs"][0]
     assert run["valid"] is False and "no text encodes to exactly 64 tokens" in run["invalid_reason"]
     assert Lossy.prompts == []  # nothing was sent that would have measured another length
+
+
+def test_no_two_runs_send_the_same_rotation_of_a_prompt() -> None:
+    # Two salts may pick one shift, and a tiled (prose) prompt repeats every period: each run still gets a
+    # prompt no earlier run sent, so TabbyAPI's page cache never serves it.
+    client = BenchClient("http://127.0.0.1:9")
+    tiled = [1, 2, 3, 4] * 3
+    sent = [tuple(client._unsent_rotation(tiled, 5)) for _ in range(4)]
+    assert len(set(sent)) == 4 and all(sorted(rotation) == sorted(tiled) for rotation in sent)
+    assert tuple(client._unsent_rotation(tiled, 5)) in sent  # only 4 distinct rotations exist: one repeats

@@ -90,6 +90,8 @@ class BenchClient:
         # "tabbyapi" once server_info() has seen TabbyAPI's model card: tokenize and prompts go its way.
         self.dialect = "vllm"
         self._texts: dict[tuple[int, ...], str] = {}
+        # The rotations already sent, by the hash of the rotated ids: no two runs send the same prompt.
+        self._rotations_sent: set[int] = set()
         # Tokens the server generates short of `max_tokens`, measured once (see _output_shortfall).
         self.output_shortfall: int | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -278,14 +280,25 @@ class BenchClient:
         ids = list(body["prompt"])
         salt = str(body.get("cache_salt") or "")
         if salt and len(ids) > 1:
-            shift = int.from_bytes(salt.encode(), "big") % len(ids)
-            ids = ids[shift:] + ids[:shift]
+            ids = self._unsent_rotation(ids, int.from_bytes(salt.encode(), "big") % len(ids))
         model = str(body.get("model", ""))
         sent = {k: v for k, v in body.items() if k != "cache_salt"} | {"add_bos_token": False}
         prompt = self.text_prompt(model, ids)
         if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 0:
             sent["max_tokens"] = body["max_tokens"] + self._output_shortfall(sent, ids)
         return sent | {"prompt": prompt}
+
+    def _unsent_rotation(self, ids: list[int], shift: int) -> list[int]:
+        """The ids rotated by `shift`, or by the next shift whose rotation no earlier run sent: two salts can
+        pick the same shift, and a tiled prompt repeats itself every period."""
+        for step in range(len(ids)):
+            start = (shift + step) % len(ids)
+            rotated = ids[start:] + ids[:start]
+            key = hash(tuple(rotated))
+            if key not in self._rotations_sent:
+                self._rotations_sent.add(key)
+                return rotated
+        return ids[shift:] + ids[:shift]  # every rotation sent already: more runs than distinct rotations
 
     def _output_shortfall(self, body: dict[str, Any], ids: list[int]) -> int:
         """How many tokens fewer than `max_tokens` the server generates: ExLlamaV3 1.4.6 stops one short

@@ -33,6 +33,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from glm53.repro.resolve import json_object_span
+
 ROOT = Path(__file__).resolve().parents[1]
 # Each with its reason: the bounds the GPU run verified that the roots do not state themselves.
 CONSTRAINTS = {
@@ -133,39 +135,15 @@ def render(environment: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def _value_end(text: str, start: int) -> int:
-    """The index after the JSON object starting at text[start] ('{')."""
-    depth, in_string, escaped = 0, False, False
-    for index in range(start, len(text)):
-        char = text[index]
-        if in_string:
-            escaped = char == "\\" and not escaped
-            if char == '"' and not escaped:
-                in_string = False
-            continue
-        if char == '"':
-            in_string = True
-        elif char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-    raise ValueError("unbalanced JSON")
-
-
 def with_environment(text: str, value: str) -> str:
     """The lock's text with engine.tabbyapi.environment set to `value`, the rest of the text as it was."""
-    tabby = text.index("{", text.index('"tabbyapi": {'))
-    end = _value_end(text, tabby)
+    tabby, end = json_object_span(text, text.index('"tabbyapi": {'))
     block = text[tabby:end]
     if '"environment": {' in block:
-        start = tabby + block.index('"environment": {')
-        value_start = text.index("{", start)
-        return text[:value_start] + value + text[_value_end(text, value_start) :]
-    closing = text.rindex("}", tabby, end)
-    body = text[:closing].rstrip()
-    return body + ',\n      "environment": ' + value + "\n    " + text[closing:]
+        start, stop = json_object_span(text, tabby + block.index('"environment": {'))
+        return text[:start] + value + text[stop:]
+    closing = end - 1  # the tabbyapi object's own "}"
+    return text[:closing].rstrip() + ',\n      "environment": ' + value + "\n    " + text[closing:]
 
 
 def verify(lock: dict[str, object]) -> int:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,11 +35,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def session_members(sid: int) -> list[int]:
-    """Live (non-zombie) processes of a session, from /proc: every process a command started with
-    `start_new_session=True` started in turn, whatever process group it put them in (`glm53 serve` runs the
-    engine in a group of its own)."""
-    members: list[int] = []
+def _live_processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after its name: state ppid pgrp session ...) of every live process;
+    the name may hold spaces, so the fields start after its last ')'."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -46,11 +45,15 @@ def session_members(sid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # pid (comm) state ppid pgrp session ...: comm may hold spaces, so split after the last ')'.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 4 and int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+        if len(fields) >= 4 and fields[0] != "Z":
+            yield int(entry.name), fields
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of a session: every process a command started with `start_new_session=True`
+    started in turn, whatever process group it put them in (`glm53 serve` runs the engine in a group of its own)."""
+    return [pid for pid, fields in _live_processes() if int(fields[3]) == sid]
 
 
 def signal_session(sid: int, number: int) -> None:
@@ -62,18 +65,7 @@ def signal_session(sid: int, number: int) -> None:
 
 def children_of(pid: int) -> list[int]:
     """The live children of a process, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
+    return [child for child, fields in _live_processes() if int(fields[1]) == pid]
 
 
 @dataclass

@@ -387,7 +387,7 @@ def resolve_pins(
 # -- the lock edit ----------------------------------------------------------------------------------
 
 
-def _object_span(text: str, start: int) -> tuple[int, int]:
+def json_object_span(text: str, start: int) -> tuple[int, int]:
     """(open, close+1) of the JSON object whose `{` is the first at or after `start`."""
     open_at = text.index("{", start)
     depth, i, in_string = 0, open_at, False
@@ -417,7 +417,7 @@ def _set_field(text: str, path: tuple[str, ...], key: str, value: str) -> str:
         found = re.compile(r'"' + re.escape(name) + r'"\s*:\s*\{').search(text, start, end)
         if found is None:
             raise ValueError(f"{'.'.join(path)} not found")
-        start, end = _object_span(text, found.start())
+        start, end = json_object_span(text, found.start())
     field = re.compile(r'("' + re.escape(key) + r'"\s*:\s*)(null|"[^"\\]*")').search(text, start, end)
     if field is None:
         raise ValueError(f"{'.'.join(path)}.{key} not found")

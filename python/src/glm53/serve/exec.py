@@ -8,13 +8,14 @@ file); it is never put into argv (visible in /proc/PID/cmdline) nor printed.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from glm53.errors import BadInput
+from glm53.errors import BadInput, Unavailable
 from glm53.fsutil import read_text_bounded
 
 API_KEY_MAX_BYTES = 64 * 1024
@@ -60,6 +61,17 @@ def apply_affinity(cpus: list[int] | None) -> None:
             f"cannot pin vLLM to CPUs {cpus}: {exc.strerror}",
             fix=f"this process may use CPUs {allowed}; re-run `glm53 plan host` on this machine",
         ) from exc
+
+
+def find_program(program: str, env: dict[str, str], *, fix: str) -> str:
+    """The program as a path: a bare name looked up on the launch's PATH (os.execve and Popen's `executable`
+    do not search it); Unavailable naming it and `fix` when it is not there."""
+    if os.sep in program:
+        return program
+    found = shutil.which(program, path=env.get("PATH"))
+    if found is None:
+        raise Unavailable(f"{program} not found on PATH", fix=fix)
+    return found
 
 
 @dataclass(frozen=True)

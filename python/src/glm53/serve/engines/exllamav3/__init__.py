@@ -8,7 +8,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import sys
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from glm53.recipe.profiles import Profile
 from glm53.serve.engines.base import PLAN_THIS_HOST, LaunchInputs, PlanLayer
 from glm53.serve.engines.exllamav3.tabby import API_TOKENS_NAME, build_tabby_launch, clean_environment, tabby_main
 from glm53.serve.engines.exllamav3.tabby_check import require_tabby_config, tabby_config_check
-from glm53.serve.exec import EngineProcess
+from glm53.serve.exec import EngineProcess, find_program
 from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput, environment_for_exec
 from glm53.serve.progress import StageMarker
 
@@ -186,13 +185,8 @@ class Exllamav3Engine:
 
     def prepare(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> EngineProcess:
         env = environment_for_exec(spec, clean_environment(inherited), None)
-        program = spec.argv[0]
-        # os.execve and Popen's executable do not search PATH: a bare GLM53_TABBYAPI_PYTHON (python3) is looked up.
-        if os.sep not in program:
-            found = shutil.which(program, path=env.get("PATH"))
-            if found is None:
-                raise Unavailable(f"{program} not found on PATH", fix="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python")
-            program = found
+        # a bare GLM53_TABBYAPI_PYTHON (python3) is looked up on the launch's PATH
+        program = find_program(spec.argv[0], env, fix="set GLM53_TABBYAPI_PYTHON to TabbyAPI's Python")
         main = tabby_main(spec.argv)
         if not Path(main).is_file():
             raise Unavailable(

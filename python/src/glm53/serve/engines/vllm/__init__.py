@@ -3,13 +3,11 @@ parser, started as glm53's child (its stages reported) or exec'd in place (`--ex
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from glm53.errors import BadInput, Unavailable
+from glm53.errors import BadInput
 from glm53.host.native_libs import find_system_library, read_loader_view, require_engine_libraries
 from glm53.output import Output
 from glm53.plan.vllm.env import PLANNED_KEYS, plan_serving_env
@@ -19,7 +17,7 @@ from glm53.recipe.profiles import KEYS, Profile
 from glm53.serve.engines.base import PLAN_THIS_HOST, LaunchInputs, PlanLayer
 from glm53.serve.engines.vllm.argv import build_launch
 from glm53.serve.engines.vllm.flags import check_flags, vllm_command
-from glm53.serve.exec import EngineProcess
+from glm53.serve.exec import EngineProcess, find_program
 from glm53.serve.launch import FlagCheck, LaunchSpec, PlanInput, environment_for_exec
 from glm53.serve.progress import StageMarker
 
@@ -122,15 +120,9 @@ class VllmEngine:
 
     def prepare(self, spec: LaunchSpec, *, api_key: str | None, inherited: Mapping[str, str]) -> EngineProcess:
         env = environment_for_exec(spec, inherited, api_key)
-        program = spec.argv[0]
-        if os.sep not in program:
-            found = shutil.which(program, path=env.get("PATH"))
-            if found is None:
-                raise Unavailable(
-                    f"{program} not found on PATH",
-                    fix="install vLLM (make setup installs the CPU build) or run the recipe's image",
-                )
-            program = found
+        program = find_program(
+            spec.argv[0], env, fix="install vLLM (make setup installs the CPU build) or run the recipe's image"
+        )
         return EngineProcess(program=program, argv=spec.argv, env=env, cwd=None, cpu_affinity=spec.cpu_affinity)
 
 

@@ -222,7 +222,10 @@ def test_the_engine_does_not_outlive_a_killed_glm53(tmp_path: Path) -> None:
         _gone(process, timeout=15)
     finally:
         _gone(process)
-    assert _report(rig)["signals"] == [signal.SIGTERM]  # from the kernel, at its parent's death
+    # From the kernel at its parent's death: once per thread of glm53 that the orphan is handed to on the way
+    # out (Linux reparents it to a live thread of the same process and signals it again), so one or more.
+    got = _report(rig)["signals"]
+    assert isinstance(got, list) and got and set(got) == {signal.SIGTERM}
     assert engine not in session_members(process.pid)  # gone (a zombie at most, until init reaps it)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,16 @@ from packaging.version import Version
 
 from glm53.errors import BadInput, Unavailable
 from glm53.recipe.pins import EnvironmentWheel, load_repro_lock
-from glm53.repro.engine_env import InterpreterFacts, check_base, copy_tabbyapi, requirements_text, wheels_for
+from glm53.repro.engine_env import (
+    InstallRequest,
+    InterpreterFacts,
+    base_pip_is_used,
+    check_base,
+    copy_tabbyapi,
+    install_steps,
+    requirements_text,
+    wheels_for,
+)
 from tests.support.cli import run_glm53
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,3 +210,56 @@ def test_install_engine_dry_run_lists_its_steps(tmp_path: Path) -> None:
     assert "--system-site-packages" not in steps[0]["argv"]  # a .pth names the base's site packages instead
     assert steps[2]["argv"] is None and steps[3]["argv"] is None  # written, copied and checked by glm53
     assert not (tmp_path / "e").exists()
+
+
+def _tiny_wheel(folder: Path) -> Path:
+    """A real, minimal wheel (what pip checks: METADATA, WHEEL, RECORD), for pip to install by sha256."""
+    path = folder / "glm53_probe_pkg-0.1-py3-none-any.whl"
+    files = {
+        "glm53_probe_pkg/__init__.py": "VALUE = 7\n",
+        "glm53_probe_pkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: glm53-probe-pkg\nVersion: 0.1\n",
+        "glm53_probe_pkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, body in files.items():
+            archive.writestr(name, body)
+        archive.writestr("glm53_probe_pkg-0.1.dist-info/RECORD", "".join(f"{name},,\n" for name in files) + "x,,\n")
+    return path
+
+
+def test_a_base_without_ensurepip_fills_its_venv_with_its_own_pip(tmp_path: Path) -> None:
+    """Debian's python3 without python3-venv: `-m venv` cannot bootstrap pip, so the venv is made without it
+    and the base's pip installs into it (`pip --python`). The two steps' argv are run for real here."""
+    pip_version = subprocess.run(
+        [sys.executable, "-m", "pip", "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    if len(pip_version) < 2 or Version(pip_version[1]) < Version("22.3"):
+        pytest.skip("this interpreter's pip cannot --python")
+    facts = _facts(python=sys.executable, ensurepip=False, pip=pip_version[1])
+    request = InstallRequest(target=tmp_path / "e", python=sys.executable, cuda_arch=["8.6"], wheels=tmp_path)
+    environment, wheels = install_steps(request, facts, LOCK)[:2]
+    assert environment.argv is not None and "--without-pip" in environment.argv
+    assert wheels.argv is not None and wheels.argv[:5] == [sys.executable, "-m", "pip", "--python", wheels.argv[4]]
+    wheel = _tiny_wheel(tmp_path)
+    partial = tmp_path / "e.partial"
+    partial.mkdir()
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (partial / "requirements.txt").write_text(f"glm53-probe-pkg==0.1 --hash=sha256:{digest}\n")
+    for step in (environment, wheels):
+        assert step.argv is not None
+        done = subprocess.run(step.argv, capture_output=True, text=True, check=False, env={**os.environ})
+        assert done.returncode == 0, done.stderr
+    venv_python = partial / "venv" / "bin" / "python"
+    imported = subprocess.run([venv_python, "-c", "import glm53_probe_pkg, sys; print(glm53_probe_pkg.VALUE)"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+    assert imported.stdout.strip() == "7", imported.stderr
+    assert not (partial / "venv" / "bin" / "pip").exists()  # the venv has no pip of its own
+
+
+def test_a_base_without_ensurepip_or_a_recent_pip_is_refused_with_the_package_to_install() -> None:
+    assert base_pip_is_used(_facts(ensurepip=True, pip=None)) is False
+    for pip, reason in ((None, "no pip of its own"), ("22.0.2", "predates --python")):
+        with pytest.raises(Unavailable, match=reason) as caught:
+            base_pip_is_used(_facts(ensurepip=False, pip=pip))
+        assert "apt-get install python3-venv" in str(caught.value.fix)

@@ -380,6 +380,35 @@ def test_what_tabbyapi_imports_is_checked_in_its_python_before_the_exec(tmp_path
     assert not check.checked and "ruamel.yaml (not installed)" in (check.reason or "")
 
 
+def test_a_tabbyapi_python_that_cannot_import_glm53s_runner_is_stopped_before_the_exec(tmp_path: Path) -> None:
+    """With EXPERT_CACHE=1 (or --capture-routing) TabbyAPI's Python runs `-m glm53.serve.engines...` before main.py.
+    A real venv that reads this environment's packages (a .pth, as `glm53 repro install-engine` makes) but not
+    glm53's own finder: the check names glm53 and the fix; the .pth install-engine writes for glm53's source
+    makes the same launch pass."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = venv / "lib" / version / "site-packages"
+    paths = sorted({p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()})
+    (site / "base.pth").write_text("".join(f"{p}\n" for p in paths))  # a plain path: its own .pth are not run
+    spec = _launch(STAND_IN)
+    runner = "glm53.serve.engines.exllamav3.expert_cache"
+    main, config = spec.argv[1], spec.argv[-1]
+    spec = spec.model_copy(update={"argv": [str(python), "-m", runner, "--report", "r.json", main, "--config", config]})
+    probe = subprocess.run([python, "-c", "import glm53"], capture_output=True, text=True, check=False)
+    if probe.returncode == 0:
+        pytest.skip("this environment's site-packages holds glm53 itself (not an editable install)")
+    with pytest.raises(Unavailable) as err:
+        require_tabby_config(spec)
+    assert err.value.exit_code == 3
+    assert f"glm53 (glm53's runner {runner} does not import: ModuleNotFoundError" in err.value.message
+    assert "`glm53 repro install-engine` puts glm53's source on its engine's path" in str(err.value.fix)
+    assert "pip install" not in str(err.value.fix)  # glm53 is not a package TabbyAPI's Python installs
+    (site / "glm53-source.pth").write_text(f"{Path(__file__).resolve().parents[1] / 'python' / 'src'}\n")
+    assert "every dependency it declares" in require_tabby_config(spec)
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -4,7 +4,8 @@
 # and measure it with `glm53 bench run`. Each stage writes its log and results under OUT.
 #
 #   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build build-cache fixture diag check serve routing sweep-cost
-#                                                 cache-bench cache-generate build165 version-check
+#                                                 cache-bench cache-generate build165 version-check engine-wheels
+#                                                 install-engine
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
@@ -25,6 +26,10 @@
 # Stage version-check (after fixture) runs tools/exl3-version-check.py on the installed ExLlamaV3, then on the
 # release in WHEELS165 (default .whl165: its wheel only; built into its own site by stage build165 or, when that
 # has not run, by version-check itself), into OUT/version.jsonl.
+# The no-Nix install as the README gives it: stage engine-wheels gathers ENGINE_WHEELS (a folder of the lock's
+# wheels for this Python; carried in parts, one call each) into WORK/engine-wheels; stage install-engine runs
+# `glm53 repro install-engine WORK/engine` from nothing, offline from those wheels, with no PYTHONPATH. ENGINE=DIR
+# makes stages serve and version-check use that install (GLM53_TABBYAPI_DIR/PYTHON, its Python for 1.4.6).
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -32,7 +37,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-/root/glm53-gpu}; wheels=${WHEELS:-$root/.whl}; tabby=${TABBY:-$root/.gpu/tabby}
 site=$work/site; model=$work/fx/exl3
 export PYTHONUNBUFFERED=1 PYTHONPATH=$site:$root/python/src
-glm53_main='import sys; from glm53.cli.main import main; sys.argv[0] = "glm53"; main()'
+# glm53 finds its own packages without PYTHONPATH, so that a stage can run it with none (ENGINE below)
+glm53_main="import sys; sys.path[:0] = ['$site', '$root/python/src']; from glm53.cli.main import main; sys.argv[0] = 'glm53'; main()"
 glm53() { python3 -c "$glm53_main" "$@"; }
 stamp() { echo "== $(date +%T) $*"; }
 wheels165=${WHEELS165:-$root/.whl165}; site165=$work/site165
@@ -107,8 +113,28 @@ for stage in "$@"; do
       --modes "${MODES:-split:8,split:8:static,offload:4}" ${CHECK_ARGS:-} --timeout 150 >"$out/check.json" 2>"$out/check.err"
     echo "check rc=$?"; python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({"modes": {k: {x: v.get(x) for x in ("ok","rc","signal","tok_s")} for k, v in d["modes"].items()}, "compare": d.get("compare")}, indent=1))' "$out/check.json"
     ;;
+  engine-wheels)
+    stamp engine-wheels
+    mkdir -p "$work/engine-wheels" && cp "${ENGINE_WHEELS:?}"/*.whl "$work/engine-wheels/"
+    echo "$(ls "$work/engine-wheels" | wc -l) wheels in $work/engine-wheels"
+    ;;
+  install-engine)
+    stamp install-engine
+    start=$(date +%s)
+    env -u PYTHONPATH python3 -c "$glm53_main" repro install-engine "$work/engine" --python "$(command -v python3)" \
+      --cuda-arch "${ARCH:-9.0}" --wheels "$work/engine-wheels" --tabbyapi "$tabby" --max-jobs "${MAX_JOBS:-16}" \
+      >"$out/install-engine.log" 2>&1
+    echo "install-engine rc=$? after $(( $(date +%s) - start )) s"; tail -25 "$out/install-engine.log" | cut -c1-400
+    ls "$work"/engine.*-failed.log 2>/dev/null && tail -40 "$work"/engine.*-failed.log | cut -c1-300
+    ;;
   serve)
     stamp serve
+    if [ -n "${ENGINE:-}" ]; then
+      # the installed engine alone: nothing of this script's site reaches TabbyAPI or glm53
+      unset PYTHONPATH; export GLM53_TABBYAPI_DIR=$ENGINE/tabbyapi GLM53_TABBYAPI_PYTHON=$ENGINE/venv/bin/python
+      tabby=$ENGINE/tabbyapi
+      glm53 doctor --profile exl3-1gpu --model-dir "$model" >"$out/doctor.txt" 2>&1; echo "doctor rc=$?"; cat "$out/doctor.txt"
+    fi
     glm53 model lock local/glm53-tiny-exl3 --model-dir "$model" --force >"$out/lock.log" 2>&1; echo "lock rc=$?"
     export GLM53_TABBYAPI_DIR=$tabby
     # CACHE=1: glm53's GPU expert cache instead of the CPU split, WINDOW LRU slots a layer (default 4)
@@ -181,10 +207,13 @@ print(compare_capture(load_capture(Path(sys.argv[1]))).model_dump_json(exclude={
   version-check)
     # the fixture on the installed ExLlamaV3, then on the one in WHEELS165 (its own site and extension build)
     stamp version-check
-    timeout 240 python3 "$root/tools/exl3-version-check.py" --model "$model" 2>"$out/version-1.err" | tee "$out/version.jsonl"
+    # ENGINE: 1.4.6 as installed there, and 1.6.5 in front of the same environment
+    check_python=python3; [ -n "${ENGINE:-}" ] && check_python=$ENGINE/venv/bin/python
+    timeout 240 $check_python "$root/tools/exl3-version-check.py" --model "$model" 2>"$out/version-1.err" | tee "$out/version.jsonl"
     if [ -d "$wheels165" ]; then
       ls "$site165"/exllamav3_ext*.so >/dev/null 2>&1 || build_165
-      PYTHONPATH=$site165:$site:$root/python/src timeout 240 python3 "$root/tools/exl3-version-check.py" --model "$model" \
+      path165=$site165:$site:$root/python/src; [ -n "${ENGINE:-}" ] && path165=$site165
+      PYTHONPATH=$path165 timeout 240 $check_python "$root/tools/exl3-version-check.py" --model "$model" \
         2>"$out/version-2.err" | tee -a "$out/version.jsonl"
       tail -3 "$out/version-2.err"
     fi

@@ -38,6 +38,13 @@ paths = sysconfig.get_paths()
 facts = {"abi": f"cp{sys.version_info[0]}{sys.version_info[1]}", "version": sys.version.split()[0],
          "torch": None, "cuda": None, "error": None,
          "site_packages": sorted({paths["purelib"], paths["platlib"]})}
+import importlib.util
+facts["ensurepip"] = importlib.util.find_spec("ensurepip") is not None
+try:
+    import pip
+    facts["pip"] = pip.__version__
+except Exception:
+    facts["pip"] = None
 try:
     import torch
     facts["torch"], facts["cuda"] = torch.__version__, torch.version.cuda
@@ -56,9 +63,20 @@ PROBE_TIMEOUT_S = 120.0
 SOURCE_ROOT = Path(__file__).resolve().parents[4]  # python/src/glm53/repro/engine_env.py -> the checkout
 BUILD_EXT = SOURCE_ROOT / "pkgs" / "exllamav3" / "build_ext.py"
 EXPERT_CACHE_SOURCES = SOURCE_ROOT / "pkgs" / "exllamav3" / "expert-cache"
-# What TabbyAPI's entry point and ExLlamaV3 import first, checked in the new environment at the end.
 BASE_PTH = "glm53-base-interpreter.pth"
-IMPORT_CHECK = ("exllamav3", "exllamav3_ext", "glm53_expert_cache", "uvicorn", "fastapi", "loguru", "uvloop")
+# glm53's own source, for what runs inside TabbyAPI's process (the GPU expert cache, the routing recorder).
+SOURCE_PTH = "glm53-source.pth"
+# What TabbyAPI's entry point, ExLlamaV3 and glm53's runner import first, checked in the new environment at the end.
+IMPORT_CHECK = (
+    "exllamav3",
+    "exllamav3_ext",
+    "glm53_expert_cache",
+    "uvicorn",
+    "fastapi",
+    "loguru",
+    "uvloop",
+    "glm53.serve.engines.exllamav3.expert_cache",
+)
 
 
 class InterpreterFacts(BaseModel):
@@ -74,6 +92,10 @@ class InterpreterFacts(BaseModel):
     # The CUDA toolkit torch's extension build uses (CUDA_HOME) and its nvcc's release.
     cuda_home: str | None = None
     nvcc: str | None = None
+    # How the venv gets its packages: its own pip (ensurepip, Debian's python3-venv), or else the base's pip
+    # aimed at it (`pip --python`, pip >= 22.3).
+    ensurepip: bool = True
+    pip: str | None = None
 
 
 class InstallRequest(BaseModel):
@@ -155,6 +177,24 @@ def check_base(facts: InterpreterFacts, environment: EngineEnvironment) -> None:
         )
 
 
+PIP_PYTHON_OPTION = (22, 3)  # the first pip with --python
+
+
+def base_pip_is_used(facts: InterpreterFacts) -> bool:
+    """Whether the venv is made without pip and filled by the base's pip (no ensurepip in the base); Unavailable
+    when the base has neither."""
+    if facts.ensurepip:
+        return False
+    version = tuple(int(part) for part in re.findall(r"[0-9]+", facts.pip or "")[:2])
+    if facts.pip is None or version < PIP_PYTHON_OPTION:
+        raise Unavailable(
+            f"{facts.python} has no ensurepip (a venv gets no pip) and "
+            + (f"its pip {facts.pip} predates --python (22.3)" if facts.pip else "no pip of its own"),
+            fix="on Debian/Ubuntu `apt-get install python3-venv` (or python3.X-venv for that version)",
+        )
+    return True
+
+
 def requirements_text(wheels: list[EnvironmentWheel]) -> str:
     """pip's hash-checking mode: every wheel pinned by version and sha256, nothing resolved at install."""
     return "".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels)
@@ -164,15 +204,17 @@ def install_steps(request: InstallRequest, facts: InterpreterFacts, lock: ReproL
     partial = partial_dir(request.target)
     python = str(partial / "venv" / "bin" / "python")
     site = str(site_packages_of(partial / "venv", facts))
-    pip = [python, "-m", "pip", "install", "--no-deps", "--require-hashes", "--only-binary=:all:", "--ignore-installed"]
+    base_pip = base_pip_is_used(facts)
+    pip = [request.python, "-m", "pip", "--python", python] if base_pip else [python, "-m", "pip"]
+    pip += ["install", "--no-deps", "--require-hashes", "--only-binary=:all:", "--ignore-installed"]
     pip += ["--no-index", "--find-links", str(request.wheels)] if request.wheels else []
     tabby = lock.engine.tabbyapi
     arch = ";".join(request.cuda_arch)
     steps = [
         InstallStep(
             name="environment",
-            argv=[request.python, "-m", "venv", str(partial / "venv")],
-            detail=f"a venv of {request.python}'s Python",
+            argv=[request.python, "-m", "venv", *(["--without-pip"] if base_pip else []), str(partial / "venv")],
+            detail=f"a venv of {request.python}'s Python" + (f", filled by its pip {facts.pip}" if base_pip else ""),
         ),
         InstallStep(
             name="wheels",
@@ -183,7 +225,7 @@ def install_steps(request: InstallRequest, facts: InterpreterFacts, lock: ReproL
             name="base",
             argv=None,
             detail=f"{request.python}'s site packages after the venv's own ({BASE_PTH}): its torch {facts.torch}, "
-            f"CUDA {facts.cuda}",
+            f"CUDA {facts.cuda}; glm53's source ({SOURCE_PTH}) for its runners inside TabbyAPI",
         ),
         InstallStep(
             name="tabbyapi",
@@ -311,12 +353,15 @@ def install_engine(
     environment = environment_of(lock)
     wheels = wheels_for(environment, facts)
     check_base(facts, environment)
+    base_pip_is_used(facts)  # refused before anything is written
     partial = partial_dir(request.target)
     if partial.exists():
         shutil.rmtree(partial)  # our own leftover from an install that was stopped
     partial.mkdir()
     (partial / "requirements.txt").write_text(requirements_text(wheels))
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    # The new environment is built and checked as it will run: no PYTHONPATH or pip settings of this shell.
+    ignored = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_") and key not in ignored}
     env.update(TORCH_CUDA_ARCH_LIST=";".join(request.cuda_arch), PYTHONNOUSERSITE="1")
     if request.max_jobs is not None:
         env["MAX_JOBS"] = str(request.max_jobs)
@@ -331,6 +376,7 @@ def install_engine(
             if step.name == "base":
                 site = site_packages_of(partial / "venv", facts)
                 (site / BASE_PTH).write_text("".join(f"{path}\n" for path in facts.site_packages))
+                (site / SOURCE_PTH).write_text(f"{SOURCE_ROOT / 'python' / 'src'}\n")
             elif step.name == "tabbyapi" and request.tabbyapi is not None:
                 copy_tabbyapi(request.tabbyapi, partial / "tabbyapi", lock)
             else:
@@ -407,6 +453,7 @@ __all__ = [
     "InstallRequest",
     "InstallStep",
     "InterpreterFacts",
+    "base_pip_is_used",
     "check_base",
     "check_request",
     "check_target",

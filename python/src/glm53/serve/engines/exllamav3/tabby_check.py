@@ -145,6 +145,13 @@ if not missing:
                 failures.append((name, f"importing {name} failed: {type(exc).__name__}: {str(exc)[:200]}"))
         for module, why in failures[:1]:
             missing.append({"name": module.split(".")[0], "spec": "", "found": None, "why": why, "module": True})
+# glm53's runner in front of main.py (EXPERT_CACHE=1, --capture-routing): `python -m RUNNER` imports it first.
+if len(sys.argv) > 2:
+    try:
+        importlib.import_module(sys.argv[2])
+    except Exception as exc:
+        missing.append({"name": "glm53", "spec": "", "found": None, "runner": True,
+                        "why": f"glm53's runner {sys.argv[2]} does not import: {type(exc).__name__}: {str(exc)[:200]}"})
 print(json.dumps({"unknown": unknown, "error": error, "missing": missing}))
 """
 
@@ -154,6 +161,12 @@ def _tabby_dir(spec: LaunchSpec) -> str | None:
     if main.startswith("$"):
         return None
     return str(PurePosixPath(main).parent)
+
+
+def _runner_module(spec: LaunchSpec) -> list[str]:
+    """glm53's module that runs TabbyAPI's main.py (`PYTHON -m MODULE ... main.py`), as a one-item list; [] when
+    main.py runs directly."""
+    return [spec.argv[2]] if len(spec.argv) > 2 and spec.argv[1] == "-m" else []
 
 
 def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, str | None]]]:
@@ -168,7 +181,7 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, s
     try:
         # `-c CODE` ends Python's options: the directory after it is the script's sys.argv[1], never an option.
         done = run(
-            [spec.argv[0], "-c", _CHECK, directory],
+            [spec.argv[0], "-c", _CHECK, directory, *_runner_module(spec)],
             # what TabbyAPI itself will run with (its Python's search path included), without any key
             env=environment_for_exec(spec, clean_environment(os.environ), None),
             what="checking TabbyAPI's config",
@@ -201,12 +214,20 @@ def run_check(spec: LaunchSpec) -> tuple[list[str], str | None, list[dict[str, s
 def _lacking(spec: LaunchSpec, missing: list[dict[str, str | None]]) -> Unavailable:
     """What TabbyAPI's Python lacks, with the command that installs it there."""
     rows = [f"{row['spec'] or row['name']} ({row['why']})" for row in missing]
-    wanted = " ".join(f"'{row['spec'] or row['name']}'" for row in missing if row["name"] != "pyproject.toml")
-    fix = (
-        f"install into TabbyAPI's Python: {spec.argv[0]} -m pip install {wanted}"
-        if wanted
-        else "GLM53_TABBYAPI_DIR must be TabbyAPI's source tree at the pinned commit (repro.lock.json engine.tabbyapi)"
-    )
+    packages = [row for row in missing if row["name"] not in ("pyproject.toml", "glm53")]
+    wanted = " ".join(f"'{row['spec'] or row['name']}'" for row in packages)
+    fixes = [f"install into TabbyAPI's Python: {spec.argv[0]} -m pip install {wanted}"] if wanted else []
+    if any(row["name"] == "glm53" for row in missing):
+        fixes.append(
+            f"{spec.argv[0]} must import glm53 (its GPU expert cache and routing recorder run inside TabbyAPI): "
+            "`glm53 repro install-engine` puts glm53's source on its engine's path; elsewhere add a .pth naming "
+            "glm53's python/src to that Python's site-packages"
+        )
+    if not fixes:
+        fixes.append(
+            "GLM53_TABBYAPI_DIR must be TabbyAPI's source tree at the pinned commit (repro.lock.json engine.tabbyapi)"
+        )
+    fix = "; ".join(fixes)
     return Unavailable(f"TabbyAPI's Python ({spec.argv[0]}) lacks what TabbyAPI imports: {'; '.join(rows)}", fix=fix)
 
 

@@ -149,7 +149,7 @@ for stage in "$@"; do
     server=$!
     sleep 8
     if ! kill -0 $server 2>/dev/null; then echo "serve stopped at once:"; tail -12 "$out/serve.log"; continue; fi
-    for _ in $(seq 150); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
+    for _ in $(seq ${HEALTH_WAIT:-150}); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 1; done
     stamp "health: $(curl -s http://127.0.0.1:8011/health)"
     body='{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":32,"temperature":0}'
     curl -s http://127.0.0.1:8011/v1/chat/completions -H 'content-type: application/json' -d "$body" >"$out/chat.json"
@@ -208,7 +208,7 @@ print(compare_capture(load_capture(Path(sys.argv[1]))).model_dump_json(exclude={
     # the fixture on the installed ExLlamaV3, then on the one in WHEELS165 (its own site and extension build)
     stamp version-check
     # ENGINE: 1.4.6 as installed there, and 1.6.5 in front of the same environment
-    check_python=python3; [ -n "${ENGINE:-}" ] && check_python=$ENGINE/venv/bin/python
+    check_python=python3; [ -n "${ENGINE:-}" ] && check_python=$ENGINE/venv/bin/python && unset PYTHONPATH
     timeout 240 $check_python "$root/tools/exl3-version-check.py" --model "$model" 2>"$out/version-1.err" | tee "$out/version.jsonl"
     if [ -d "$wheels165" ]; then
       ls "$site165"/exllamav3_ext*.so >/dev/null 2>&1 || build_165

@@ -2,12 +2,9 @@
 // rewrites the pointer tables `exl3_mgemm` / `exl3_moe` read (so hits and misses run through the unchanged
 // kernels, bit for bit), and a fetch kernel that fills the missed slots from mapped pinned host memory.
 //
-// Policy, per layer (the planner's cache model, glm53.plan.cache.hit_curves): slots [0, pinned) hold the layer's
-// hottest experts for good; the other slots run LRU with a window of `window` experts plus one step's staging.
-// A decode step looks its selections up in order; a hit refreshes its expert's stamp, a miss takes the
-// lowest free slot. Stamps are step * n + position, so recency ties inside a step break by position. After
-// the step's lookups the window keeps its `window` most recent unpinned experts and frees the rest. An
-// access therefore hits exactly when fewer than `window` unpinned experts were used since its previous use.
+// The replacement policies (LRU with a pinned hot set, the recipe's; decayed frequency) are policy.cuh's, the
+// same source a host build replays against glm53's simulator in the tests. A step looks its selections up in
+// order (one thread), then every thread decides for its share of the slots which ones leave.
 //
 // Nothing here synchronizes with the host: lookup and fetch are plain kernel launches on the caller's streams,
 // so both run inside CUDA graphs (the graph captures the tensors' addresses; their contents move on).
@@ -19,19 +16,15 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include "policy.cuh"
+
+using namespace glm53_cache;
+
 namespace {
 
 constexpr int LOOKUP_THREADS = 256;
 constexpr int MAX_SELECTED = 128;    // one step's selections of one layer (rows x top_k)
 constexpr int MAX_SLOTS = 8192;
-
-// state[] fields, one int64 tensor per layer
-constexpr int STATE_STEP = 0;        // decode steps looked up so far
-constexpr int STATE_HITS = 1;        // selections served from a resident slot
-constexpr int STATE_MISSES = 2;      // selections copied in
-constexpr int STATE_T0 = 3;          // %globaltimer when the last lookup finished (the fetch's pacing origin)
-constexpr int STATE_OVERFLOW = 4;    // misses that found no free slot (a sizing error; must stay 0)
-constexpr int STATE_FIELDS = 8;
 
 __device__ __forceinline__ uint64_t global_timer_ns()
 {
@@ -59,14 +52,7 @@ __global__ void lookup_kernel
 (
     const int64_t* __restrict__ selected,
     int n,
-    int experts,
-    int slots,
-    int pinned,
-    int window,
-    int* __restrict__ slot_of_expert,
-    int* __restrict__ expert_of_slot,
-    int64_t* __restrict__ stamp,
-    int64_t* __restrict__ state,
+    Directory d,
     int* __restrict__ miss_expert,
     int* __restrict__ miss_slot,
     int* __restrict__ miss_count,
@@ -76,91 +62,37 @@ __global__ void lookup_kernel
 )
 {
     __shared__ unsigned char evict[MAX_SLOTS];
-    __shared__ int resident;
+    __shared__ StepResult result;
 
     if (threadIdx.x == 0)
     {
-        const int64_t step = state[STATE_STEP];
-        state[STATE_STEP] = step + 1;
-        int hits = 0;
-        int misses = 0;
-        int next_free = pinned;
-        for (int j = 0; j < n; ++j)
+        result = look_up(selected, n, d, miss_expert, miss_slot);
+        for (int i = 0; i < result.misses; ++i)
         {
-            const int64_t e64 = selected[j];
-            if (e64 < 0 || e64 >= experts) continue;  // masked selection (-1): the kernels skip it too
-            const int e = (int) e64;
-            const int64_t time = step * n + j;
-            const int s = slot_of_expert[e];
-            if (s >= 0)
-            {
-                // A repeat inside the step (several rows) counts once, as the first access did.
-                bool repeat = false;
-                for (int i = 0; i < misses; ++i) repeat |= miss_expert[i] == e;
-                if (!repeat && s >= pinned && stamp[s] / n == step) repeat = true;
-                if (!repeat) ++hits;
-                if (s >= pinned) stamp[s] = time;
-                continue;
-            }
-            while (next_free < slots && expert_of_slot[next_free] >= 0) ++next_free;
-            if (next_free >= slots)
-            {
-                ++state[STATE_OVERFLOW];
-                continue;
-            }
-            const int slot = next_free++;
-            expert_of_slot[slot] = e;
-            slot_of_expert[e] = slot;
-            stamp[slot] = time;
-            uint8_t* base = slot_base + slot * slot_bytes;
+            uint8_t* base = slot_base + miss_slot[i] * slot_bytes;
+            const int e = miss_expert[i];
             tables.gate[e] = (int64_t) (base + tables.offset_gate);
             tables.up[e] = (int64_t) (base + tables.offset_up);
             tables.down[e] = (int64_t) (base + tables.offset_down);
-            miss_expert[misses] = e;
-            miss_slot[misses] = slot;
-            ++misses;
         }
-        state[STATE_HITS] += hits;
-        state[STATE_MISSES] += misses;
-        *miss_count = misses;
-        resident = 0;
+        *miss_count = result.misses;
     }
     __syncthreads();
-
-    // The window keeps its `window` most recent unpinned experts: a resident slot with `window` or more newer
-    // residents is freed. Stamps are unique, so the count is exact.
-    int mine = 0;
-    for (int s = pinned + threadIdx.x; s < slots; s += blockDim.x)
-    {
-        evict[s] = 0;
-        if (expert_of_slot[s] < 0) continue;
-        ++mine;
-        const int64_t t = stamp[s];
-        int newer = 0;
-        for (int o = pinned; o < slots; ++o)
-            newer += (expert_of_slot[o] >= 0 && stamp[o] > t);
-        evict[s] = newer >= window;
-    }
-    atomicAdd(&resident, mine);
+    for (int s = threadIdx.x; s < d.slots; s += blockDim.x) evict[s] = evicts(d, s, result);
     __syncthreads();
-    if (resident > window)
+    for (int s = threadIdx.x; s < d.slots; s += blockDim.x)
     {
-        for (int s = pinned + threadIdx.x; s < slots; s += blockDim.x)
+        if (!evict[s]) continue;
+        const int e = release(d, s);
+        if (tables.home_gate)
         {
-            if (!evict[s]) continue;
-            const int e = expert_of_slot[s];
-            slot_of_expert[e] = -1;
-            expert_of_slot[s] = -1;
-            if (tables.home_gate)
-            {
-                tables.gate[e] = tables.home_gate[e];
-                tables.up[e] = tables.home_up[e];
-                tables.down[e] = tables.home_down[e];
-            }
+            tables.gate[e] = tables.home_gate[e];
+            tables.up[e] = tables.home_up[e];
+            tables.down[e] = tables.home_down[e];
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) state[STATE_T0] = (int64_t) global_timer_ns();
+    if (threadIdx.x == 0) d.state[STATE_T0] = (int64_t) global_timer_ns();
 }
 
 // Copies each missed expert (slot_bytes, 16-byte aligned) from the host pool, read through its mapped device
@@ -243,7 +175,12 @@ void lookup
     int64_t window,
     const c10::optional<at::Tensor>& home_gate,
     const c10::optional<at::Tensor>& home_up,
-    const c10::optional<at::Tensor>& home_down
+    const c10::optional<at::Tensor>& home_down,
+    int64_t policy,
+    int64_t recent,
+    double rate,
+    const c10::optional<at::Tensor>& score,
+    const c10::optional<at::Tensor>& last
 )
 {
     const at::cuda::OptionalCUDAGuard device_guard(selected.device());
@@ -273,6 +210,23 @@ void lookup
                 "unpinned slots (", slots - pinned, ") must hold the window (", window, ") and one step's selections (", n, ")");
     TORCH_CHECK(slot_pool.is_cuda() && slot_pool.numel() * slot_pool.element_size() >= slots * slot_bytes,
                 "slot_pool must be a CUDA tensor of slots x slot_bytes bytes");
+    TORCH_CHECK(policy == POLICY_LRU || policy == POLICY_FREQUENCY, "policy must be ", POLICY_LRU, " (LRU) or ",
+                POLICY_FREQUENCY, " (decayed frequency)");
+    double* score_ptr = nullptr;
+    int64_t* last_ptr = nullptr;
+    if (policy == POLICY_FREQUENCY)
+    {
+        TORCH_CHECK(pinned == 0, "the frequency policy pins no slots");
+        TORCH_CHECK(recent >= 0 && rate >= 1.0, "the frequency policy needs recent >= 0 and a growth rate >= 1");
+        TORCH_CHECK(score.has_value() && last.has_value(), "the frequency policy needs its score and last tensors");
+        const at::Tensor& sc = score.value();
+        TORCH_CHECK(sc.is_cuda() && sc.dtype() == at::kDouble && sc.is_contiguous() && sc.numel() == experts + 1,
+                    "score must be a contiguous float64 CUDA tensor of experts + 1 entries (the last: the growth)");
+        check_i64(last.value(), "last");
+        TORCH_CHECK(last.value().numel() == experts, "last must have one entry per expert");
+        score_ptr = sc.data_ptr<double>();
+        last_ptr = last.value().data_ptr<int64_t>();
+    }
     cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
     const bool home = home_gate.has_value();
     TORCH_CHECK(home == home_up.has_value() && home == home_down.has_value(), "give all three home tables or none");
@@ -291,11 +245,14 @@ void lookup
         home ? home_down.value().data_ptr<int64_t>() : nullptr,
         offset_gate, offset_up, offset_down
     };
-    lookup_kernel<<<1, LOOKUP_THREADS, 0, stream>>>(
-        selected.data_ptr<int64_t>(), n, experts, slots, (int) pinned, (int) window,
+    Directory directory {
+        experts, slots, (int) pinned, (int) window, (int) policy, recent, rate,
         slot_of_expert.data_ptr<int>(), expert_of_slot.data_ptr<int>(), stamp.data_ptr<int64_t>(),
-        state.data_ptr<int64_t>(), miss_expert.data_ptr<int>(), miss_slot.data_ptr<int>(), miss_count.data_ptr<int>(),
-        tables, (uint8_t*) slot_pool.data_ptr(), slot_bytes
+        state.data_ptr<int64_t>(), score_ptr, last_ptr
+    };
+    lookup_kernel<<<1, LOOKUP_THREADS, 0, stream>>>(
+        selected.data_ptr<int64_t>(), n, directory, miss_expert.data_ptr<int>(), miss_slot.data_ptr<int>(),
+        miss_count.data_ptr<int>(), tables, (uint8_t*) slot_pool.data_ptr(), slot_bytes
     );
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -358,7 +315,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
           py::arg("miss_expert"), py::arg("miss_slot"), py::arg("miss_count"), py::arg("table_gate"), py::arg("table_up"),
           py::arg("table_down"), py::arg("offset_gate"), py::arg("offset_up"), py::arg("offset_down"), py::arg("slot_pool"),
           py::arg("slot_bytes"), py::arg("pinned"), py::arg("window"), py::arg("home_gate") = py::none(),
-          py::arg("home_up") = py::none(), py::arg("home_down") = py::none());
+          py::arg("home_up") = py::none(), py::arg("home_down") = py::none(), py::arg("policy") = POLICY_LRU,
+          py::arg("recent") = 1, py::arg("rate") = 1.0, py::arg("score") = py::none(), py::arg("last") = py::none());
     m.def("fetch", &fetch, "copy the step's missed experts from mapped pinned host memory into their slots");
     m.def("host_register", &host_register, "page-lock and map a CPU tensor; returns its device address");
     m.def("host_unregister", &host_unregister, "undo host_register");
@@ -367,4 +325,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.attr("STATE_HITS") = py::int_(STATE_HITS);
     m.attr("STATE_MISSES") = py::int_(STATE_MISSES);
     m.attr("STATE_OVERFLOW") = py::int_(STATE_OVERFLOW);
+    m.attr("POLICY_LRU") = py::int_(POLICY_LRU);
+    m.attr("POLICY_FREQUENCY") = py::int_(POLICY_FREQUENCY);
+    m.attr("NEVER") = py::int_(NEVER);
 }

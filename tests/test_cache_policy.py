@@ -1,0 +1,177 @@
+"""The GPU expert cache's policy code against glm53's simulator, without a GPU.
+
+The lookup kernel takes its every decision from pkgs/exllamav3/expert-cache/policy.cuh; the same file built for
+the host (tests/support/cache_policy_replay.cpp, with this machine's g++, from the project's package list) steps
+traces exactly as the kernel does. Its hits per step must equal the simulator's that `glm53 plan` and
+`glm53 plan expert-cache-check` use: `pinned_lru_step_hits` for LRU with pinned slots, `decayed_frequency` for
+the frequency policy. On the GPU the kernel's counts were checked against the same simulator (docs/serve.md)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
+from glm53.plan.routing.spec import SyntheticTraceSpec
+from glm53.plan.routing.traces import synthesize_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY = ROOT / "pkgs" / "exllamav3" / "expert-cache"
+REPLAY = ROOT / "tests" / "support" / "cache_policy_replay.cpp"
+LRU, FREQUENCY = 0, 1  # policy.cuh's POLICY_LRU, POLICY_FREQUENCY
+
+
+@pytest.fixture(scope="module")
+def replay_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++ (build-essential, in the project's package list)")
+    program = tmp_path_factory.mktemp("policy") / "cache_policy_replay"
+    # -ffp-contract=off: no fused multiply-add, as in the simulator's numpy and numba
+    argv = [compiler, "-O2", "-std=c++17", "-Wall", "-Werror", "-ffp-contract=off", f"-I{POLICY}", str(REPLAY)]
+    subprocess.run([*argv, "-o", str(program)], check=True)
+    return program
+
+
+def _replay(
+    program: Path,
+    routes: np.ndarray,
+    experts: int,
+    policy: int,
+    window: int,
+    *,
+    pinned: int = 0,
+    recent: int = 1,
+    half_life: float = 256.0,
+    rankings: np.ndarray | None = None,
+    work: Path,
+) -> tuple[np.ndarray, list[int]]:
+    """(hits per step and layer, overflow per layer) of the policy code stepping `routes`."""
+    steps, layers, top_k = routes.shape
+    routes_file = work / "routes.bin"
+    routes.astype("<i8").tofile(routes_file)
+    rate = 2.0 ** (1.0 / half_life)  # as decayed_frequency computes it, and the engine's runner
+    argv = [str(program), str(routes_file), str(steps), str(layers), str(top_k), str(experts), str(policy)]
+    argv += [str(pinned), str(window), str(recent), repr(rate)]
+    if rankings is not None:
+        rankings_file = work / "rankings.bin"
+        rankings.astype("<i8").tofile(rankings_file)
+        argv.append(str(rankings_file))
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    rows = [list(map(int, line.split())) for line in done.stdout.splitlines()]
+    assert len(rows) == layers
+    return np.array([row[1:] for row in rows]).T, [row[0] for row in rows]
+
+
+def _trace(seed: int, experts: int = 288, top_k: int = 8, steps: int = 1500, **kwargs: object) -> np.ndarray:
+    spec = SyntheticTraceSpec(layers=(3, 4, 5), experts=experts, top_k=top_k, steps=steps, seed=seed, **kwargs)
+    return synthesize_trace(spec).routes.astype(np.int64)
+
+
+@pytest.mark.parametrize("window", [8, 40, 80, 200])
+@pytest.mark.parametrize("kind", ["stationary", "drifting"])
+def test_lru_hits_equal_the_simulators_step_by_step(
+    replay_program: Path, tmp_path: Path, window: int, kind: str
+) -> None:
+    routes = _trace(7, shifts=((0.5, 0.6),)) if kind == "drifting" else _trace(3)
+    hits, overflow = _replay(replay_program, routes, 288, LRU, window, work=tmp_path)
+    ranking = np.tile(np.arange(288, dtype=np.int64), (3, 1))
+    expected = pinned_lru_step_hits(routes, 288, ranking, [0] * 3, [window] * 3).hits
+    assert overflow == [0, 0, 0]
+    np.testing.assert_array_equal(hits, expected)
+    assert 0 < hits.sum() < routes.size  # the trace exercises both hits and misses
+
+
+@pytest.mark.parametrize(("pinned", "window"), [(20, 40), (58, 22), (100, 8)])
+def test_pinned_lru_hits_equal_the_simulators(replay_program: Path, tmp_path: Path, pinned: int, window: int) -> None:
+    routes = _trace(11, skew_min=0.8, skew_max=1.4)
+    counts = np.stack([np.bincount(routes[:, layer, :].ravel(), minlength=288) for layer in range(3)])
+    rankings = np.argsort(-counts, axis=1, kind="stable").astype(np.int64)
+    hits, overflow = _replay(replay_program, routes, 288, LRU, window, pinned=pinned, rankings=rankings, work=tmp_path)
+    expected = pinned_lru_step_hits(routes, 288, rankings, [pinned] * 3, [window] * 3).hits
+    assert overflow == [0, 0, 0]
+    np.testing.assert_array_equal(hits, expected)
+
+
+@pytest.mark.parametrize(("window", "recent", "half_life"), [(80, 1, 256.0), (40, 4, 32.0), (120, 0, 1e9)])
+@pytest.mark.parametrize("kind", ["stationary", "drifting"])
+def test_frequency_hits_equal_the_simulators_step_by_step(
+    replay_program: Path, tmp_path: Path, window: int, recent: int, half_life: float, kind: str
+) -> None:
+    routes = _trace(5, shifts=((0.4, 0.8),)) if kind == "drifting" else _trace(9)
+    hits, overflow = _replay(
+        replay_program, routes, 288, FREQUENCY, window, recent=recent, half_life=half_life, work=tmp_path
+    )
+    for loop in (False, True):  # the simulator's numpy rule, and its loop (numba where installed)
+        expected = decayed_frequency(routes, 288, [window], recent=recent, half_life=half_life, loop=loop).hits
+        np.testing.assert_array_equal(hits, expected)
+    assert overflow == [0, 0, 0]
+
+
+def test_frequency_renormalises_its_counts_as_the_simulator_does(replay_program: Path, tmp_path: Path) -> None:
+    """A half-life of a quarter step multiplies the growth by 16 a step: past 1e150 within 125 steps, so the
+    counts are renormalised several times in 1,500 steps."""
+    routes = _trace(13, experts=64, top_k=4)
+    hits, _ = _replay(replay_program, routes, 64, FREQUENCY, 16, recent=2, half_life=0.25, work=tmp_path)
+    np.testing.assert_array_equal(hits, decayed_frequency(routes, 64, [16], recent=2, half_life=0.25).hits)
+
+
+def test_the_engines_own_routing_replays_alike(replay_program: Path, tmp_path: Path) -> None:
+    """Routing ExLlamaV3 recorded while TabbyAPI served the tiny fixture (16 experts, top-8; the capture of
+    tests/fixtures/exl3-capture, layers 3 to 6 over the same 5,734 steps)."""
+    with np.load(ROOT / "tests" / "fixtures" / "exl3-capture" / "served-sweeps.npz") as capture:
+        routes = np.stack([capture[f"routes_{layer}"] for layer in (3, 4, 5, 6)], axis=1).astype(np.int64)
+    experts = 16
+    ranking = np.tile(np.arange(experts, dtype=np.int64), (routes.shape[1], 1))
+    for window in (2, 4, 7):
+        hits, overflow = _replay(replay_program, routes, experts, LRU, window, work=tmp_path)
+        np.testing.assert_array_equal(hits, pinned_lru_step_hits(routes, experts, ranking, [0] * 4, [window] * 4).hits)
+        assert set(overflow) == {0}
+        hits, overflow = _replay(replay_program, routes, experts, FREQUENCY, window, recent=1, work=tmp_path)
+        np.testing.assert_array_equal(hits, decayed_frequency(routes, experts, [window]).hits)
+        assert set(overflow) == {0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    experts=st.integers(2, 24),
+    top_k=st.integers(1, 4),
+    steps=st.integers(2, 120),
+    window_share=st.floats(0.0, 1.0),
+    recent=st.integers(0, 3),
+    half_life=st.sampled_from([0.5, 1.0, 3.0, 64.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_small_trace_replays_alike_in_both_policies(
+    replay_program: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    experts: int,
+    top_k: int,
+    steps: int,
+    window_share: float,
+    recent: int,
+    half_life: float,
+    seed: int,
+) -> None:
+    top_k = min(top_k, experts)
+    rng = np.random.default_rng(seed)
+    # distinct experts per row, skewed so that some come back
+    weights = rng.dirichlet(np.full(experts, 0.3))
+    keys = rng.standard_exponential((steps, 1, experts)) / np.maximum(weights, 1e-12)
+    routes = np.argsort(keys, axis=2)[:, :, :top_k].astype(np.int64)
+    window = max(1, round(window_share * experts))
+    work = tmp_path_factory.mktemp("small")
+    ranking = np.arange(experts, dtype=np.int64)[None, :]
+    lru, _ = _replay(replay_program, routes, experts, LRU, window, work=work)
+    np.testing.assert_array_equal(lru, pinned_lru_step_hits(routes, experts, ranking, [0], [window]).hits)
+    frequency, _ = _replay(
+        replay_program, routes, experts, FREQUENCY, window, recent=recent, half_life=half_life, work=work
+    )
+    expected = decayed_frequency(routes, experts, [window], recent=recent, half_life=half_life, loop=False).hits
+    np.testing.assert_array_equal(frequency, expected)

@@ -17,9 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from glm53.errors import BadInput
 from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
+from glm53.plan.exllamav3.expert_cache import check_cache_report
 from glm53.plan.routing.spec import SyntheticTraceSpec
-from glm53.plan.routing.traces import synthesize_trace
+from glm53.plan.routing.traces import RoutingTrace, synthesize_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "pkgs" / "exllamav3" / "expert-cache"
@@ -175,3 +177,28 @@ def test_any_small_trace_replays_alike_in_both_policies(
     )
     expected = decayed_frequency(routes, experts, [window], recent=recent, half_life=half_life, loop=False).hits
     np.testing.assert_array_equal(frequency, expected)
+
+
+@pytest.mark.parametrize("policy", ["lru", "frequency"])
+def test_the_serve_check_accepts_what_the_policy_code_counts(replay_program: Path, tmp_path: Path, policy: str) -> None:
+    """`glm53 plan expert-cache-check` on a report whose counts the kernel's policy code made: equal, for either
+    policy; the same counts under the other policy's name are not."""
+    routes = _trace(21, steps=800)
+    trace = RoutingTrace((3, 4, 5), 288, 8, routes.astype(np.int16))
+    code = FREQUENCY if policy == "frequency" else LRU
+    hits, overflow = _replay(replay_program, routes, 288, code, 60, recent=2, half_life=64.0, work=tmp_path)
+    layers = {
+        f"model.language_model.layers.{layer}.mlp": {
+            "hits": int(hits[:, i].sum()),
+            "misses": int(routes.shape[0] * 8 - hits[:, i].sum()),
+            "overflow": overflow[i],
+        }
+        for i, layer in enumerate(trace.layers)
+    }
+    report = {"window": 60, "pinned": 0, "policy": policy, "recent": 2, "half_life": 64.0, "layers": layers}
+    check = check_cache_report(report, trace)
+    assert check.equal and check.policy == policy, check
+    other = {**report, "policy": "lru" if policy == "frequency" else "frequency"}
+    assert not check_cache_report(other, trace).equal
+    with pytest.raises(BadInput, match="not an expert-cache report"):
+        check_cache_report({**report, "policy": "lfu"}, trace)

@@ -40,7 +40,15 @@ SOURCE = Path(__file__).parents[1] / "python" / "src"
 STAND_IN = Path(__file__).parent / "fixtures" / "exl3-standin"
 TABBY_MAIN = "$GLM53_TABBYAPI_DIR/main.py"  # no TabbyAPI tree named: the dry run shows the placeholder
 KEY = "model.language_model.layers.{}.mlp"  # ExLlamaV3's module key of a GLM-5.3 MoE layer
-CACHE_KEYS = ("EXPERT_CACHE", "EXPERT_CACHE_WINDOW", "EXPERT_CACHE_PINNED", "EXPERT_CACHE_STATS")
+CACHE_KEYS = (
+    "EXPERT_CACHE",
+    "EXPERT_CACHE_WINDOW",
+    "EXPERT_CACHE_PINNED",
+    "EXPERT_CACHE_STATS",
+    "EXPERT_CACHE_POLICY",
+    "EXPERT_CACHE_RECENT",
+    "EXPERT_CACHE_HALF_LIFE",
+)
 
 
 @pytest.fixture
@@ -128,7 +136,7 @@ def test_a_relative_stats_file_reaches_the_engine_absolute(
     shown = _dry_run(*sets)
     assert shown["launch"]["argv"][2] == RUNNER
     assert shown["launch"]["env"]["EXPERT_CACHE_STATS"] == str(tmp_path / "counts.json")
-    for key in CACHE_KEYS:
+    for key in CACHE_KEYS[:4]:  # the keys set here
         assert shown["values"][key]["source"] == "--set" and shown["launch"]["origins"][key] == "--set"
 
 
@@ -233,7 +241,11 @@ def test_cache_settings_reads_the_engines_keys(tmp_path: Path) -> None:
         optional={
             key: st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=4)
             | st.sampled_from(["0", "1", "2", "", "00", "8192"])
-            for key in ("EXPERT_CACHE", "EXPERT_CACHE_WINDOW", "EXPERT_CACHE_PINNED")
+            for key in ("EXPERT_CACHE", "EXPERT_CACHE_WINDOW", "EXPERT_CACHE_PINNED", "EXPERT_CACHE_RECENT")
+        }
+        | {
+            "EXPERT_CACHE_POLICY": st.sampled_from(["lru", "frequency", "", "LRU", "lfu"]),
+            "EXPERT_CACHE_HALF_LIFE": st.sampled_from(["", "0", "-1", "nan", "inf", "1e400", "0.5", "256", "x"]),
         },
     )
 )
@@ -247,6 +259,28 @@ def test_cache_settings_is_a_setting_or_badinput(env: dict[str, str]) -> None:
         assert env.get("EXPERT_CACHE", "0") in ("", "0")
     else:
         assert env["EXPERT_CACHE"] == "1" and found.window + found.pinned > 0 and found.pinned == 0
+        assert found.policy in ("lru", "frequency") and found.half_life > 0 and math.isfinite(found.half_life)
+        assert found.rate >= 1.0
+
+
+def test_cache_settings_reads_the_frequency_policy() -> None:
+    base = {"EXPERT_CACHE": "1", "EXPERT_CACHE_WINDOW": "80", "EXPERT_CACHE_POLICY": "frequency"}
+    assert cache_settings(base) == CacheSettings(80, 0, None, "frequency", 1, 256.0)
+    found = cache_settings({**base, "EXPERT_CACHE_RECENT": "4", "EXPERT_CACHE_HALF_LIFE": "32.5"})
+    assert found == CacheSettings(80, 0, None, "frequency", 4, 32.5)
+    assert found is not None and found.rate == 2.0 ** (1.0 / 32.5)  # the simulator's own expression
+    refusals = [
+        ({"EXPERT_CACHE_PINNED": "8", "EXPERT_CACHE_STATS": "/dev/null"}, "pins no slots", "EXPERT_CACHE_PINNED=0"),
+        ({"EXPERT_CACHE_POLICY": "lfu"}, "EXPERT_CACHE_POLICY=lfu is not one of lru, frequency", "=lru"),
+        ({"EXPERT_CACHE_HALF_LIFE": "0"}, "not a positive number of steps", "N > 0"),
+        ({"EXPERT_CACHE_HALF_LIFE": "inf"}, "not a positive number of steps", "N > 0"),
+        ({"EXPERT_CACHE_RECENT": "-1"}, "EXPERT_CACHE_RECENT=-1 is not a count", "N >= 0"),
+        ({"EXPERT_CACHE_POLICY": "lru", "EXPERT_CACHE_HALF_LIFE": "9"}, "a setting of the frequency policy", "unset"),
+    ]
+    for extra, message, fix in refusals:
+        with pytest.raises(BadInput, match=message) as caught:
+            cache_settings({**base, **extra})
+        assert fix in str(caught.value.fix), extra
 
 
 def test_a_superscript_window_is_badinput() -> None:

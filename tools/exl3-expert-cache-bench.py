@@ -51,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--locality", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--blocks-per-miss", type=int, default=16)
+    parser.add_argument("--recent", type=int, default=1, help="frequency policy: steps whose experts are kept first")
+    parser.add_argument("--half-life", type=float, default=256.0, help="frequency policy: count half-life in steps")
     return parser.parse_args(argv)
 
 
@@ -102,9 +104,24 @@ class Layer:
 class Cache:
     """One layer's slots, directory and tables (the cache's state lives on the GPU only)."""
 
-    def __init__(self, layer: Layer, experts: int, pinned: int, window: int, staging: int, ranking: np.ndarray):
+    def __init__(
+        self,
+        layer: Layer,
+        experts: int,
+        pinned: int,
+        window: int,
+        staging: int,
+        ranking: np.ndarray,
+        frequency: tuple[int, float] | None = None,
+    ):
+        """`frequency` = (recent, half_life) runs the decayed-frequency policy instead of (pinned) LRU."""
         self.layer = layer
         self.pinned, self.window = pinned, window
+        self.policy = 1 if frequency else 0  # policy.cuh's POLICY_FREQUENCY, POLICY_LRU
+        self.recent, half_life = frequency or (1, 256.0)
+        self.rate = 2.0 ** (1.0 / half_life)  # as the simulator computes it
+        self.score = torch.zeros(experts + 1, dtype=torch.float64, device="cuda")
+        self.last = torch.empty(experts, dtype=torch.long, device="cuda")
         self.slots = pinned + window + staging
         self.slot_bytes = layer.expert_bytes
         self.pool = torch.empty((self.slots, self.slot_bytes // 2), dtype=torch.int16, device="cuda")
@@ -125,6 +142,9 @@ class Cache:
         self.expert_of_slot.fill_(-1)
         self.stamp.fill_(-1)
         self.state.zero_()
+        self.score.zero_()
+        self.score[-1] = 1.0
+        self.last.fill_(-(1 << 40))
         for t in self.tables:
             t.fill_(0)
         base = self.pool.data_ptr()
@@ -197,7 +217,8 @@ class Model:
                 self.cache_ext.lookup(
                     sel, cache.slot_of_expert, cache.expert_of_slot, cache.stamp, cache.state,
                     cache.miss_expert, cache.miss_slot, cache.miss_count, *cache.tables, *layer.offsets,
-                    cache.pool, cache.slot_bytes, cache.pinned, cache.window,
+                    cache.pool, cache.slot_bytes, cache.pinned, cache.window, None, None, None, cache.policy,
+                    cache.recent, cache.rate, cache.score, cache.last,
                 )  # fmt: skip
                 self.promo.wait_stream(main)
                 with torch.cuda.stream(self.promo):
@@ -316,7 +337,7 @@ def main(argv: list[str]) -> int:
     import exllamav3_ext as ext  # ExLlamaV3 1.4.6's kernels, prebuilt by pkgs/exllamav3/build_ext.py
     import glm53_expert_cache as cache_ext
 
-    from glm53.plan.cache.policies import pinned_lru_step_hits
+    from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
     from glm53.plan.routing.spec import SyntheticTraceSpec
     from glm53.plan.routing.traces import synthesize_trace
 
@@ -370,18 +391,26 @@ def main(argv: list[str]) -> int:
     print("resident", json.dumps(runs), flush=True)
 
     steps_routes = trace.routes[warm : warm + args.steps]
-    configs = []
+    configs: list[tuple[str, int, int, tuple[int, float] | None]] = []
     for total in (int(s) for s in args.slots.split(",")):
         pinned = round(total * args.pinned_share)
-        configs += [(f"lru-{total}", 0, total), (f"pinned-lru-{total}", pinned, total - pinned)]
-    configs.append(("stream", 0, 0))
-    for name, pinned, window in configs:
+        configs += [(f"lru-{total}", 0, total, None), (f"pinned-lru-{total}", pinned, total - pinned, None)]
+        configs.append((f"frequency-{total}", 0, total, (args.recent, args.half_life)))
+    configs.append(("stream", 0, 0, None))
+    for name, pinned, window, frequency in configs:
         model.caches = [
-            Cache(layer, args.experts, pinned, window, args.top_k, rankings[i]) for i, layer in enumerate(layers)
+            Cache(layer, args.experts, pinned, window, args.top_k, rankings[i], frequency)
+            for i, layer in enumerate(layers)
         ]
-        predicted = pinned_lru_step_hits(
-            steps_routes.astype(np.int64), args.experts, rankings, [pinned] * args.layers, [window] * args.layers
-        ).hits.sum(axis=0)
+        if frequency is None:
+            predicted = pinned_lru_step_hits(
+                steps_routes.astype(np.int64), args.experts, rankings, [pinned] * args.layers, [window] * args.layers
+            ).hits.sum(axis=0)
+        else:
+            recent, half_life = frequency
+            predicted = decayed_frequency(
+                steps_routes.astype(np.int64), args.experts, [window], recent=recent, half_life=half_life
+            ).hits.sum(axis=0)
         for graph in (False, True):
             for gbps in (0.0, PCIE4_GBPS) if graph else (0.0,):
                 model.gbps = gbps
@@ -392,6 +421,7 @@ def main(argv: list[str]) -> int:
                 runs[label] = {
                     "pinned": pinned,
                     "window": window,
+                    "policy": "frequency" if frequency else "lru",
                     "slots_per_layer": pinned + window + args.top_k,
                     "seconds": seconds,
                     "exact": bool(torch.equal(out, reference)),

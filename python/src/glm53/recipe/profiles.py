@@ -524,6 +524,30 @@ _SPECS: tuple[KeySpec, ...] = (
         recipe=False,
         engines=_EXL3,
     ),
+    _env(
+        "EXPERT_CACHE_POLICY",
+        "lru: the window keeps the most recently used experts (beside the pinned ones); frequency: it keeps the "
+        "experts of the last EXPERT_CACHE_RECENT steps, then the highest decayed counts (no pinned slots)",
+        recipe=False,
+        engines=_EXL3,
+        choices=("lru", "frequency"),
+    ),
+    _env(
+        "EXPERT_CACHE_RECENT",
+        "frequency policy: steps whose experts are kept before any count (default 1)",
+        "int",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(0, 1 << 20),
+    ),
+    _env(
+        "EXPERT_CACHE_HALF_LIFE",
+        "frequency policy: steps over which an expert's count decays by half (default 256)",
+        "float",
+        recipe=False,
+        engines=_EXL3,
+        bounds=(0.01, 1e12),
+    ),
 )
 
 KEYS: dict[str, KeySpec] = {spec.key: spec for spec in _SPECS}

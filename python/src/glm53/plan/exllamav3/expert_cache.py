@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from glm53.errors import BadInput
-from glm53.plan.cache.policies import pinned_lru_step_hits
+from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
 from glm53.plan.cache.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
 from glm53.plan.routing.shapes import stress_scenarios
 
@@ -318,6 +318,7 @@ class CacheCheck(BaseModel):
 
     window: int
     pinned: int
+    policy: str = Field(default="lru", description="What the window keeps: lru or frequency (EXPERT_CACHE_POLICY).")
     steps: int = Field(description="Decode steps in the capture.")
     top_k: int
     layers: list[CacheLayerCheck]
@@ -352,6 +353,12 @@ def check_cache_report(
 
     try:
         window, pinned = int(report["window"]), int(report["pinned"])  # type: ignore[call-overload]
+        # reports of the LRU-only cache name no policy
+        policy = str(report.get("policy", "lru"))
+        recent = int(report.get("recent", 1))  # type: ignore[call-overload]
+        half_life = float(report.get("half_life", 256.0))  # type: ignore[arg-type]
+        if policy not in ("lru", "frequency"):
+            raise ValueError(f"unknown policy {policy!r}")
         layers = report["layers"]
         assert isinstance(layers, dict)
         counts = {
@@ -377,7 +384,12 @@ def check_cache_report(
         ranking = np.array([(rankings or {}).get(key, list(range(trace.experts)))], dtype=np.int64)
         if ranking.shape[1] != trace.experts:
             raise BadInput(f"the counts of {key} rank {ranking.shape[1]} experts, the capture routes {trace.experts}")
-        hits = pinned_lru_step_hits(trace.routes[:, index : index + 1, :], trace.experts, ranking, [pinned], [window])
+        routes = trace.routes[:, index : index + 1, :]
+        hits = (
+            decayed_frequency(routes, trace.experts, [window], recent=recent, half_life=half_life)
+            if policy == "frequency"
+            else pinned_lru_step_hits(routes, trace.experts, ranking, [pinned], [window])
+        )
         rows.append(
             CacheLayerCheck(
                 key=key,
@@ -388,7 +400,7 @@ def check_cache_report(
                 overflow=engine["overflow"],
             )
         )
-    return CacheCheck(window=window, pinned=pinned, steps=trace.steps, top_k=trace.top_k, layers=rows)
+    return CacheCheck(window=window, pinned=pinned, policy=policy, steps=trace.steps, top_k=trace.top_k, layers=rows)
 
 
 __all__ = [

@@ -10,7 +10,9 @@ which hooks ExLlamaV3 1.4.6's classes once the program imports `exllamav3` (as t
   the layer gets a cache of EXPERT_CACHE_PINNED + EXPERT_CACHE_WINDOW + top_k slots: a page-locked, mapped host
   pool holding every routed expert once (gate|up|down trellis), the slots on the layer's GPU, and the lookup's
   directory. The pinned slots hold the layer's hottest experts by EXPERT_CACHE_STATS (`{module key: [count per
-  expert]}`).
+  expert]}`). EXPERT_CACHE_POLICY says what the window keeps (pkgs/exllamav3/expert-cache/policy.cuh): lru
+  (default), or frequency (the experts of the last EXPERT_CACHE_RECENT steps, then the highest counts decayed
+  by half every EXPERT_CACHE_HALF_LIFE steps), the rules glm53's simulator replays.
 - `routing_fn`: after the router of a one-token pass, `glm53_expert_cache.lookup` rewrites the layer's pointer
   tables (hits -> their slot, misses -> a newly admitted slot, evicted experts -> home) and `fetch` copies the
   misses from the host pool on a promotion stream that the layer's experts then wait for. No host sync: the
@@ -48,13 +50,27 @@ REPORT_NAME = "expert-cache.json"
 EXTENSION = "glm53_expert_cache"
 
 
+POLICIES = ("lru", "frequency")  # policy.cuh's POLICY_LRU, POLICY_FREQUENCY, in that order
+DEFAULT_RECENT = 1
+DEFAULT_HALF_LIFE = 256.0  # glm53.plan.cache.policies.decayed_frequency's defaults
+
+
 @dataclass(frozen=True)
 class CacheSettings:
-    """The cache of every MoE layer: `pinned` slots of its hottest experts, an LRU `window` beside them."""
+    """The cache of every MoE layer: `pinned` slots of its hottest experts and a `window` beside them, kept by
+    `policy` (lru, or frequency with `recent` and `half_life`)."""
 
     window: int
     pinned: int
     stats: Path | None
+    policy: str = "lru"
+    recent: int = DEFAULT_RECENT
+    half_life: float = DEFAULT_HALF_LIFE
+
+    @property
+    def rate(self) -> float:
+        """The frequency policy's growth per step, computed as the simulator computes it."""
+        return float(2.0 ** (1.0 / self.half_life))
 
 
 def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
@@ -85,6 +101,25 @@ def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
             fix="give the window slots (the planner sizes it from the GPUs' memory), or set EXPERT_CACHE=0",
         )
     stats = Path(env["EXPERT_CACHE_STATS"]) if env.get("EXPERT_CACHE_STATS") else None
+    policy = env.get("EXPERT_CACHE_POLICY") or "lru"
+    if policy not in POLICIES:
+        raise BadInput(
+            f"EXPERT_CACHE_POLICY={policy} is not one of {', '.join(POLICIES)}", fix="--set EXPERT_CACHE_POLICY=lru"
+        )
+    if policy == "frequency" and pinned:
+        raise BadInput(
+            f"EXPERT_CACHE_POLICY=frequency with EXPERT_CACHE_PINNED={pinned}: the frequency policy keeps its hot "
+            "experts by their counts and pins no slots",
+            fix="EXPERT_CACHE_PINNED=0 (give its slots to EXPERT_CACHE_WINDOW), or EXPERT_CACHE_POLICY=lru",
+        )
+    recent = count("EXPERT_CACHE_RECENT", default=DEFAULT_RECENT)
+    half_life = _half_life(env.get("EXPERT_CACHE_HALF_LIFE", ""))
+    if policy == "lru":
+        for key in ("EXPERT_CACHE_RECENT", "EXPERT_CACHE_HALF_LIFE"):
+            if env.get(key):
+                raise BadInput(
+                    f"{key} is a setting of the frequency policy", fix=f"EXPERT_CACHE_POLICY=frequency, or unset {key}"
+                )
     if pinned and stats is None:
         raise BadInput(
             f"EXPERT_CACHE_PINNED={pinned} needs EXPERT_CACHE_STATS: the pinned experts are the hottest of its counts",
@@ -92,7 +127,22 @@ def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
         )
     if stats is not None:
         read_rankings(stats)  # refused now, not when the model loads
-    return CacheSettings(window=window, pinned=pinned, stats=stats)
+    return CacheSettings(window=window, pinned=pinned, stats=stats, policy=policy, recent=recent, half_life=half_life)
+
+
+def _half_life(raw: str) -> float:
+    if raw == "":
+        return DEFAULT_HALF_LIFE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise BadInput(
+            f"EXPERT_CACHE_HALF_LIFE={raw} is not a positive number of steps",
+            fix=f"--set EXPERT_CACHE_HALF_LIFE=N with N > 0 (default {DEFAULT_HALF_LIFE:g})",
+        )
+    return value
 
 
 def read_rankings(path: Path) -> dict[str, list[int]]:
@@ -170,6 +220,12 @@ class LayerExpertCache:
         self.miss_e = torch.zeros(top_k, dtype=torch.int32, device=device)
         self.miss_s = torch.zeros(top_k, dtype=torch.int32, device=device)
         self.miss_n = torch.zeros(1, dtype=torch.int32, device=device)
+        # the frequency policy's decayed counts (then the growth, starting at 1) and each expert's last step
+        self.policy = POLICIES.index(settings.policy)
+        self.recent, self.rate = settings.recent, settings.rate
+        self.score = torch.zeros(experts + 1, dtype=torch.float64, device=device)
+        self.score[experts] = 1.0
+        self.last = torch.full((experts,), int(ext.NEVER), dtype=torch.long, device=device)
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         for slot, expert in enumerate(list(ranking)[: self.pinned]):
             self.pool[slot].copy_(self.host[expert].to(device))
@@ -185,7 +241,7 @@ class LayerExpertCache:
         self.ext.lookup(
             selected.contiguous(), self.slot_of, self.expert_of, self.stamp, self.state, self.miss_e, self.miss_s,
             self.miss_n, *self.tables, *self.offsets, self.pool, self.slot_bytes, self.pinned, self.window,
-            *self.home,
+            *self.home, self.policy, self.recent, self.rate, self.score, self.last,
         )  # fmt: skip
         main = torch.cuda.current_stream()
         self.stream.wait_stream(main)
@@ -251,6 +307,9 @@ class CacheRuntime:
         report = {
             "window": self.settings.window,
             "pinned": self.settings.pinned,
+            "policy": self.settings.policy,
+            "recent": self.settings.recent,
+            "half_life": self.settings.half_life,
             "stats": str(self.settings.stats) if self.settings.stats else None,
             "hits": hits,
             "misses": misses,
@@ -320,7 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m glm53.serve.engines.exllamav3.expert_cache",
         description="Run a Python program (TabbyAPI's main.py) with glm53's GPU expert cache in ExLlamaV3 "
-        "(settings from EXPERT_CACHE, EXPERT_CACHE_WINDOW, EXPERT_CACHE_PINNED, EXPERT_CACHE_STATS).",
+        "(settings from EXPERT_CACHE, EXPERT_CACHE_WINDOW, EXPERT_CACHE_PINNED, EXPERT_CACHE_STATS, "
+        "EXPERT_CACHE_POLICY, EXPERT_CACHE_RECENT, EXPERT_CACHE_HALF_LIFE).",
     )
     parser.add_argument("--report", type=Path, required=True, help="JSON file for the cache's counts.")
     parser.add_argument("--capture", type=Path, help="Also record ExLlamaV3's routing into this directory.")

@@ -34,7 +34,7 @@ from glm53.plan.exllamav3.expert_cache import (
     check_cache_report,
     check_pinned_fraction,
     check_trace_matches,
-    choose_pinned_fraction,
+    choose_cache_setting,
     size_cache,
 )
 from glm53.plan.exllamav3.render import render_cache_check, render_exl3_plan, render_expert_cache
@@ -405,7 +405,7 @@ def _pinned_fraction(text: str) -> float | None:
 def expert_cache_cmd(
     trace_path: Annotated[
         Path | None,
-        typer.Argument(metavar="[TRACE]", help="Routing capture to choose the pinned share from.", show_default=False),
+        typer.Argument(metavar="[TRACE]", help="Routing capture to choose the policy from.", show_default=False),
     ] = None,
     cache_memory: Annotated[
         str,
@@ -429,11 +429,12 @@ def expert_cache_cmd(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the stress scenarios.")] = 0,
     json_mode: JsonOpt = False,
 ) -> None:
-    """Size the GPU expert cache (pkgs/exllamav3/expert-cache) per MoE layer and choose its pinned share.
+    """Size the GPU expert cache (pkgs/exllamav3/expert-cache) per MoE layer and choose its policy.
 
     The slots are what fits --cache-memory on the GPU holding the most MoE layers, beside one step's staging;
-    with a TRACE the pinned share is the one that holds up best on it and on stress scenarios derived from it,
-    never more than a quarter point below plain LRU.
+    with a TRACE the policy (LRU with a pinned share, or decayed frequency at a half-life of 64, 256 or 1,024
+    steps) is the one that holds up best on it and on stress scenarios derived from it, never more than a
+    quarter point below plain LRU.
 
     Examples:
       glm53 plan expert-cache --cache-memory 14GiB
@@ -458,9 +459,9 @@ def expert_cache_cmd(
     )
     choice = None
     if trace is not None and fraction is None:
-        with output.progress("replaying pinned shares") as bar:
-            bar.update("replaying pinned shares", 0, 1)
-            choice = choose_pinned_fraction(trace, size, seed=seed)
+        with output.progress("replaying the cache's policies") as bar:
+            bar.update("replaying the cache's policies", 0, 1)
+            choice = choose_cache_setting(trace, size, seed=seed)
         size = size.model_copy(update={"pinned": round(choice.pinned_fraction * size.slots)})
     plan = ExpertCachePlan(
         model=facts.name,

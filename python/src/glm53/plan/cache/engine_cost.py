@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from glm53.plan.cache.policies import StepHits
 
 # Whose expert-placement policies are costed: a served engine, or the proposed cache no engine runs yet.
-PolicyEngine = Literal["vllm", "exllamav3", "proposed"]
+PolicyEngine = Literal["vllm", "exllamav3", "proposed", "exl3-cache"]
 MissPath = Literal["copy", "copy-overlap", "cpu", "cpu+pcie"]
 MISS_PATHS: tuple[MissPath, ...] = ("copy", "copy-overlap", "cpu", "cpu+pcie")
 # What one ExLlamaV3 1.4.6 swap costs beyond moving its bytes: the checkpoint reads of its projections' tensors,

@@ -12,6 +12,9 @@ Candidates, each replayed by `policies` at the same GPU budget (a share of every
                                                                                    EXL3_MOE_CPU_SPLIT_STATS
     exllamav3   dynamic split       sweep interval, hysteresis, floor, swap cap  yes: EXL3_MOE_CPU_SWAP_*
     proposed    decayed frequency   recent steps kept, count half-life           no (see NEEDS)
+    exl3-cache  pinned LRU, and     glm53's GPU expert cache in ExLlamaV3: the   yes: EXPERT_CACHE_POLICY,
+                decayed frequency   pinned family, and the proposal's fixed      _PINNED, _RECENT, _HALF_LIFE
+                                    half-lives (not its self-tuned one)
 
 Each candidate is scored on every scenario by its hit rate minus plain LRU's there (the baseline that cannot
 be misled by a ranking). ExLlamaV3's are scored by decode rate instead (`engine_cost.exl3_step_cost`: a
@@ -187,6 +190,16 @@ def _proposed_candidates() -> list[Candidate]:
     return [Candidate(engine="proposed", family="adaptive-frequency", recent=1), *fixed]
 
 
+def _expert_cache_candidates() -> list[Candidate]:
+    """glm53's GPU expert cache (pkgs/exllamav3/expert-cache/policy.cuh runs both families)."""
+    pinned = [candidate.model_copy(update={"engine": "exl3-cache"}) for candidate in _pinned_lru_candidates()]
+    frequency = [
+        Candidate(engine="exl3-cache", family="decayed-frequency", recent=1, half_life=half_life)
+        for half_life in (64.0, 256.0, 1024.0)
+    ]
+    return [*pinned, *frequency]
+
+
 @dataclass(frozen=True)
 class PolicyPool:
     """How one engine's policies are scored. `sweeps`: its placement moves only at sweeps between generations
@@ -203,6 +216,7 @@ POLICY_POOLS: dict[PolicyEngine, PolicyPool] = {
     "vllm": PolicyPool(_pinned_lru_candidates),
     "exllamav3": PolicyPool(_exl3_candidates, sweeps=True),
     "proposed": PolicyPool(_proposed_candidates, needs=NEEDS["vllm"]),
+    "exl3-cache": PolicyPool(_expert_cache_candidates),
 }
 
 
@@ -359,14 +373,18 @@ def _score_scenario(task: _ScenarioTask) -> tuple[_Rate, dict[Candidate, _Rate]]
 
     pool = task.pool
     fractions = sorted({0.0, *(c.pinned_fraction or 0.0 for c in pool if c.family == "pinned-lru")})
+    family = {
+        p: rate(hits)
+        for p, hits in zip(fractions, pinned_family(task.scenario, task.slots, start, fractions), strict=True)
+    }
     rates: dict[Candidate, _Rate] = {}
-    for p, hits in zip(fractions, pinned_family(task.scenario, task.slots, start, fractions), strict=True):
-        rates[Candidate(engine="vllm", family="pinned-lru", pinned_fraction=p)] = rate(hits)
     for candidate in pool:
-        if candidate.family != "pinned-lru":
+        if candidate.family == "pinned-lru":  # whichever engine's pool it is in: one pass for the family
+            rates[candidate] = family[candidate.pinned_fraction or 0.0]
+        else:
             hits = replay(candidate, task.scenario, task.slots, start, layer_share=share, generation=task.generation)
             rates[candidate] = rate(hits)
-    return rates[LRU], rates
+    return family[0.0], rates
 
 
 def choose(gains: list[list[float]]) -> int:

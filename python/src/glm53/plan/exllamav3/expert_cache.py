@@ -11,14 +11,14 @@ below is the lookup kernel written out step by step (the tests hold the two equa
 per-layer counts equal the simulator's, `tools/exl3-expert-cache-bench.py`).
 
     size_cache(facts, cache_bytes_per_gpu, gpus, pinned_fraction) -> CacheSize
-    choose_pinned_fraction(trace, size)                      -> PinnedChoice (recommend's pinned-LRU family)
+    choose_cache_setting(trace, size)                        -> CacheChoice (recommend's exl3-cache pool)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -177,12 +177,16 @@ def replay_lookups(
     return hits
 
 
-class PinnedChoice(BaseModel):
-    """The pinned share chosen for the cache on a trace, with the held-out hit rates behind it."""
+class CacheChoice(BaseModel):
+    """The cache's setting chosen on a trace (its policy, and the pinned share or the frequency settings), with
+    the held-out hit rates behind it."""
 
     model_config = ConfigDict(frozen=True)
 
+    policy: Literal["lru", "frequency"] = Field(default="lru", description="EXPERT_CACHE_POLICY.")
     pinned_fraction: float
+    recent: int | None = Field(default=None, description="frequency: EXPERT_CACHE_RECENT.")
+    half_life: float | None = Field(default=None, description="frequency: EXPERT_CACHE_HALF_LIFE.")
     label: str
     scenarios: list[str]
     hit_rates: list[float] = Field(description="The chosen setting's, per scenario.")
@@ -193,14 +197,18 @@ class PinnedChoice(BaseModel):
     layers_replayed: list[int]
 
 
-def choose_pinned_fraction(trace: RoutingTrace, size: CacheSize, *, seed: int = 0) -> PinnedChoice:
-    """The cache's policy is the recipe engine's pinned LRU, so its setting is `recommend`'s choice in that
-    family at the cache's resident slots: robust first over the stress scenarios, plain LRU among the
-    candidates (never more than a quarter point below it on any scenario)."""
-    recommendation = recommend(trace, size.fraction, engines=("vllm",), seed=seed)
-    choice = recommendation.engine("vllm")
-    return PinnedChoice(
-        pinned_fraction=choice.choice.pinned_fraction or 0.0,
+def choose_cache_setting(trace: RoutingTrace, size: CacheSize, *, seed: int = 0) -> CacheChoice:
+    """`recommend`'s choice among the cache's policies (`exl3-cache`: the recipe engine's pinned-LRU family and
+    decayed frequency at fixed half-lives) at the cache's resident slots: robust first over the stress scenarios,
+    plain LRU among the candidates (never more than a quarter point below it on any scenario)."""
+    recommendation = recommend(trace, size.fraction, engines=("exl3-cache",), seed=seed)
+    choice = recommendation.engine("exl3-cache")
+    frequency = choice.choice.family == "decayed-frequency"
+    return CacheChoice(
+        policy="frequency" if frequency else "lru",
+        pinned_fraction=0.0 if frequency else choice.choice.pinned_fraction or 0.0,
+        recent=choice.choice.recent if frequency else None,
+        half_life=choice.choice.half_life if frequency else None,
         label=choice.label,
         scenarios=[row.scenario for row in choice.scores],
         hit_rates=[row.hit_rate for row in choice.scores],
@@ -230,7 +238,7 @@ class ExpertCachePlan(BaseModel):
 
     model: str
     size: CacheSize
-    choice: PinnedChoice | None = None
+    choice: CacheChoice | None = None
     source: str | None = None
 
     # In the report beside the size they come from, derived from it.
@@ -408,14 +416,14 @@ __all__ = [
     "CACHE_OVERHEAD_SECONDS",
     "RECIPE_PINNED_FRACTION",
     "CacheCheck",
+    "CacheChoice",
     "CachePrediction",
     "CacheSize",
     "ExpertCachePlan",
-    "PinnedChoice",
     "check_cache_report",
     "check_pinned_fraction",
     "check_trace_matches",
-    "choose_pinned_fraction",
+    "choose_cache_setting",
     "module_layer",
     "predict_cache",
     "replay_lookups",

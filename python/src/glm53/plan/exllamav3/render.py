@@ -138,11 +138,12 @@ def _render_cache_plan(plan: Exl3Plan, console: Console) -> None:
             f"  predicted decode with the cache: {cache.tokens_per_s:g} tok/s at {cache.hit_rate:.1%} hits "
             f"({cache.hit_rate_source}; {cache.link_source}); {verdict}"
         )
-    if plan.pinned_choice is not None:
-        choice = plan.pinned_choice
+    if plan.cache_choice is not None:
+        choice = plan.cache_choice
+        setting = f"pinned share {choice.pinned_fraction:.0%}" if choice.policy == "lru" else "frequency policy"
         console.print(
-            f"  pinned share {choice.pinned_fraction:.0%} ({choice.label}): worst stress scenario "
-            f"{choice.worst_gain_over_lru:+.2%} hit rate vs plain LRU"
+            f"  {setting} ({choice.label}): worst stress scenario {choice.worst_gain_over_lru:+.2%} hit rate vs "
+            "plain LRU"
         )
 
 
@@ -166,7 +167,7 @@ def render_expert_cache(plan: ExpertCachePlan, console: Console) -> None:
     if choice is None:
         console.print("pinned share: as given (no trace to choose it from)")
         return
-    scores = Table(title=f"pinned share chosen on {plan.source}: {choice.label} (held-out hit rates)")
+    scores = Table(title=f"cache setting chosen on {plan.source}: {choice.label} (held-out hit rates)")
     for column in ("scenario", "chosen", "plain LRU", "recipe (20% pinned)"):
         scores.add_column(column, justify="left" if column == "scenario" else "right")
     for name, hit, lru, recipe in zip(

@@ -20,7 +20,7 @@ from pathlib import Path
 from glm53.fsutil import atomic_write_json, atomic_write_text
 from glm53.plan.cache.engine_cost import exl3_step_cost
 from glm53.plan.cache.recommend import recommend
-from glm53.plan.exllamav3.expert_cache import check_trace_matches, choose_pinned_fraction, predict_cache
+from glm53.plan.exllamav3.expert_cache import check_trace_matches, choose_cache_setting, predict_cache
 from glm53.plan.exllamav3.split import Exl3Plan, compare_placements, counts_by_layer, split_stats
 from glm53.plan.files import env_lines, make_out_dir
 from glm53.plan.finite import require_finite
@@ -101,18 +101,24 @@ def _choose_pinned(plan: Exl3Plan, model: ModelFacts, stats: RoutingTrace | Rout
         origins = {**plan.origins, "EXPERT_CACHE_PINNED": "routing counts cannot be replayed: plain LRU"}
         return plan.model_copy(update={"origins": origins})
     check_trace_matches(stats, model, source="--stats")
-    choice = choose_pinned_fraction(stats, size)
+    choice = choose_cache_setting(stats, size)
     size = size.model_copy(update={"pinned": round(choice.pinned_fraction * size.slots)})
     why = (
         f"chosen on --stats: {choice.label} (worst stress scenario {choice.worst_gain_over_lru:+.2%} hit rate "
         "vs plain LRU at the same slots)"
     )
     env = {**plan.env, "EXPERT_CACHE_WINDOW": str(size.window), "EXPERT_CACHE_PINNED": str(size.pinned)}
+    env["EXPERT_CACHE_POLICY"] = choice.policy
     origins = {
         **plan.origins,
         "EXPERT_CACHE_WINDOW": f"{size.slots} resident slots less the pinned",
         "EXPERT_CACHE_PINNED": why,
+        "EXPERT_CACHE_POLICY": why,
     }
+    if choice.policy == "frequency":
+        assert choice.recent is not None and choice.half_life is not None
+        env["EXPERT_CACHE_RECENT"], env["EXPERT_CACHE_HALF_LIFE"] = str(choice.recent), f"{choice.half_life:g}"
+        origins["EXPERT_CACHE_RECENT"] = origins["EXPERT_CACHE_HALF_LIFE"] = why
     prediction = plan.cache_prediction
     if prediction is not None:
         # the chosen setting's held-out hit rate, over the trace's stress scenarios at their mean
@@ -126,7 +132,7 @@ def _choose_pinned(plan: Exl3Plan, model: ModelFacts, stats: RoutingTrace | Rout
             link_bytes_per_s=prediction.link_bytes_per_s,
             link_source=prediction.link_source,
         )
-    update = {"expert_cache": size, "pinned_choice": choice, "cache_prediction": prediction}
+    update = {"expert_cache": size, "cache_choice": choice, "cache_prediction": prediction}
     return plan.model_copy(update={**update, "env": env, "origins": origins})
 
 

@@ -50,7 +50,7 @@ from glm53.host.rig import rig_topology
 from glm53.plan.cache.decode_cost import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
 from glm53.plan.cache.policies import exl3_dynamic
 from glm53.plan.cache.recommend import Recommendation
-from glm53.plan.exllamav3.expert_cache import CachePrediction, CacheSize, PinnedChoice, predict_cache, size_cache
+from glm53.plan.exllamav3.expert_cache import CacheChoice, CachePrediction, CacheSize, predict_cache, size_cache
 from glm53.plan.inputs.cpu_sets import plan_cpu_sets
 from glm53.plan.inputs.gpus import GpuSpec, gpu_spec
 from glm53.plan.inputs.host_budget import Infeasible, host_budget
@@ -196,7 +196,7 @@ class Exl3Plan(BaseModel):
     # EXPERT_CACHE=1: the GPU expert cache's slots per layer, sized from what the GPUs hold besides the experts,
     # and (with a routing trace) the pinned share chosen for it.
     expert_cache: CacheSize | None = None
-    pinned_choice: PinnedChoice | None = None
+    cache_choice: CacheChoice | None = None
     cache_prediction: CachePrediction | None = None
 
 

@@ -8,7 +8,9 @@ Inputs, each printed with its source:
 - the slots per layer: `glm53 plan expert-cache` at the expert memory ExLlamaV3's planner leaves each 3090
   (`glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090`: 1,848 resident experts' worth a GPU);
 - the hit rate: that cache replayed over a synthetic GLM-5.3-shaped trace (the real model's routing is not
-  public), plain LRU, the recipe's 20% pinned and a 0.4 share, held-out after the rankings' learning part;
+  public), plain LRU, the recipe's 20% pinned and a 0.4 share, held-out after the rankings' learning part, and
+  the kernel's decayed-frequency policy at half-lives 64, 256 and 1,024 (its lookup assumed to cost what the
+  LRU lookup measured: not yet timed on a GPU);
 - the GPU time per token of the rest: `glm53.plan.cache.decode_cost` (every weight a token reads once at the share of
   the 3090's 936 GB/s EXL3 kernels reach at batch 1, `GPU_KERNEL_EFFICIENCY`; layer split: the two GPUs run
   one after the other, so only one PCIe link works at a time).
@@ -29,7 +31,7 @@ from rich.table import Table
 
 from glm53.plan.cache.decode_cost import GPU_KERNEL_EFFICIENCY, build_cost_model
 from glm53.plan.cache.engine_cost import PUBLISHED_RANGE
-from glm53.plan.cache.policies import pinned_lru_step_hits
+from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
 from glm53.plan.exllamav3.expert_cache import size_cache
 from glm53.plan.inputs.gpus import ASSUMED_GPU_MEMORY_BANDWIDTH
 from glm53.plan.inputs.kv import derive_kv
@@ -87,11 +89,20 @@ def main() -> int:
     table = Table(title=f"GPU expert cache on 2x RTX 3090: {size.slots} slots a layer + {size.staging} staging")
     for column in ("policy", "held-out hit rate", "GB over PCIe a token", "tok/s predicted"):
         table.add_column(column, justify="left" if column == "policy" else "right")
-    for label, share in (("plain LRU", 0.0), ("recipe: 20% pinned", 0.2), ("40% pinned", 0.4)):
-        pinned = round(share * size.slots)
-        hits = pinned_lru_step_hits(
-            trace.routes, trace.experts, rankings, [pinned] * layers, [size.slots - pinned] * layers
-        )
+    policies: list[tuple[str, float | None, float | None]] = [
+        ("plain LRU", 0.0, None),
+        ("recipe: 20% pinned", 0.2, None),
+        ("40% pinned", 0.4, None),
+        *((f"decayed frequency, half-life {h:g}", None, h) for h in (64.0, 256.0, 1024.0)),
+    ]
+    for label, share, half_life in policies:
+        if half_life is None:
+            pinned = round((share or 0.0) * size.slots)
+            hits = pinned_lru_step_hits(
+                trace.routes, trace.experts, rankings, [pinned] * layers, [size.slots - pinned] * layers
+            )
+        else:
+            hits = decayed_frequency(trace.routes, trace.experts, [size.slots], half_life=half_life)
         rate = hits.total(cut) / ((trace.steps - cut) * lookups)
         moved = (1 - rate) * lookups * model.expert_bytes
         seconds = cost.gpu_seconds_per_token + layers * overhead + moved / PCIE4

@@ -17,7 +17,8 @@
 # ROUTING_ARGS passes options to tools/exl3-routing-capture.py. CAPTURE=1 makes stage serve record the routing
 # while TabbyAPI serves (`glm53 serve --capture-routing OUT/capture`) and compare it with glm53's replay; CACHE=1
 # serves through glm53's GPU expert cache (EXPERT_CACHE=1, WINDOW slots a layer) and, with CAPTURE=1, checks its
-# hit counts against the simulator on the routing it served (`glm53 plan expert-cache-check`).
+# hit counts against the simulator on the routing it served (`glm53 plan expert-cache-check`); POLICY=frequency
+# (with HALF_LIFE, RECENT) serves the cache's decayed-frequency policy instead of LRU.
 # Stage sweep-cost times the engine's own sweep over 1 to 42 layers of 16 to 256 experts (OUT/sweep-cost.json);
 # it needs only setup and build. Stage build-cache compiles glm53's GPU expert cache (pkgs/exllamav3/expert-cache)
 # into glm53_expert_cache beside exllamav3_ext; stage cache-bench (setup, build, build-cache) runs
@@ -140,6 +141,9 @@ for stage in "$@"; do
     # CACHE=1: glm53's GPU expert cache instead of the CPU split, WINDOW LRU slots a layer (default 4)
     cache_args=(); split=${SPLIT:-8}
     [ -n "${CACHE:-}" ] && cache_args=(--set EXPERT_CACHE=1 --set EXPERT_CACHE_WINDOW=${WINDOW:-4}) && split=${SPLIT:-0}
+    # POLICY=frequency: the decayed-frequency policy (HALF_LIFE, RECENT: its settings, when given)
+    [ -n "${CACHE:-}" ] && [ -n "${POLICY:-}" ] && cache_args+=(--set EXPERT_CACHE_POLICY=$POLICY \
+      ${HALF_LIFE:+--set EXPERT_CACHE_HALF_LIFE=$HALF_LIFE} ${RECENT:+--set EXPERT_CACHE_RECENT=$RECENT})
     args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
       --set EXL3_MOE_CPU_SPLIT=$split --set EXL3_MOE_CPU_THREADS=8 "${cache_args[@]}"
       ${CAPTURE:+--capture-routing "$out/capture"} ${SERVE_ARGS:-})

@@ -5,7 +5,7 @@
 #
 #   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build build-cache fixture diag check serve routing sweep-cost
 #                                                 cache-bench cache-generate build165 version-check engine-wheels
-#                                                 install-engine
+#                                                 install-engine prebuilt
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
@@ -31,6 +31,8 @@
 # wheels for this Python; carried in parts, one call each) into WORK/engine-wheels; stage install-engine runs
 # `glm53 repro install-engine WORK/engine` from nothing, offline from those wheels, with no PYTHONPATH. ENGINE=DIR
 # makes stages serve and version-check use that install (GLM53_TABBYAPI_DIR/PYTHON, its Python for 1.4.6).
+# Stage prebuilt (after setup) unpacks tools/pack-prebuilt.sh's extensions instead of stages build, build-cache
+# and build165.
 set -uo pipefail
 out=${1:?usage: exl3-gpu-run.sh OUT STAGE...}; shift
 mkdir -p "$out"
@@ -71,6 +73,24 @@ for stage in "$@"; do
     echo "std::locale symbols defined in the module: $(nm -C --defined-only "$site"/exllamav3_ext*.so | grep -c 'std::locale')"
     grep -o '^[^ ]*g++ ' "$out/build.log" | sort | uniq -c
     for cxx in /opt/gcc/bin/g++ g++; do command -v $cxx >/dev/null && echo "$cxx: $($cxx -dumpversion) links $($cxx -print-file-name=libstdc++.so) / $($cxx -print-file-name=libstdc++.a)"; done
+    ;;
+  prebuilt)
+    # PREBUILT (default .prebuilt, tools/pack-prebuilt.sh): the extensions built elsewhere for this torch, unpacked
+    # into the sites that stages build, build-cache and build165 would fill, after their hashes and torch are checked
+    stamp prebuilt
+    prebuilt=${PREBUILT:-$root/.prebuilt}
+    want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["torch"])' "$prebuilt/build.json")
+    have=$(python3 -c 'import torch; print(torch.__version__)')
+    if [ "$want" != "$have" ]; then echo "prebuilt for torch $want, this machine has $have: build instead"; exit 1; fi
+    mkdir -p "$site165"
+    for packed in "$prebuilt"/site/*.xz "$prebuilt"/site165/*.xz; do
+      dir=$(basename "$(dirname "$packed")"); name=$(basename "$packed" .xz)
+      python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        "$packed" "$work/$dir/$name"
+    done
+    (cd "$work" && sha256sum -c "$prebuilt/SHA256SUMS") || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site165" "$wheels165"/*.whl
+    cat "$prebuilt/build.json"
     ;;
   build-cache)
     stamp build-cache

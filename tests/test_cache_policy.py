@@ -8,6 +8,7 @@ the frequency policy. On the GPU the kernel's counts were checked against the sa
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,7 +22,8 @@ from glm53.errors import BadInput
 from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
 from glm53.plan.exllamav3.expert_cache import check_cache_report
 from glm53.plan.routing.spec import SyntheticTraceSpec
-from glm53.plan.routing.traces import RoutingTrace, synthesize_trace
+from glm53.plan.routing.traces import RoutingTrace, synthesize_trace, write_trace
+from tests.support.cli import run_glm53
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "pkgs" / "exllamav3" / "expert-cache"
@@ -198,6 +200,13 @@ def test_the_serve_check_accepts_what_the_policy_code_counts(replay_program: Pat
     report = {"window": 60, "pinned": 0, "policy": policy, "recent": 2, "half_life": 64.0, "layers": layers}
     check = check_cache_report(report, trace)
     assert check.equal and check.policy == policy, check
+    # the command, as a user runs it on a serve's report and capture
+    (tmp_path / "expert-cache.json").write_text(json.dumps(report))
+    write_trace(tmp_path / "routing.npz", trace)
+    result = run_glm53("plan", "expert-cache-check", str(tmp_path / "expert-cache.json"), str(tmp_path / "routing.npz"))
+    assert result.code == 0, result.stderr
+    assert ("60 frequency slots" if policy == "frequency" else "0 pinned + 60 LRU slots") in result.stdout
+    assert "equal on every layer" in result.stdout
     other = {**report, "policy": "lru" if policy == "frequency" else "frequency"}
     assert not check_cache_report(other, trace).equal
     with pytest.raises(BadInput, match="not an expert-cache report"):

@@ -180,7 +180,8 @@ def render_expert_cache(plan: ExpertCachePlan, console: Console) -> None:
 
 def render_cache_check(check: CacheCheck, console: Console) -> None:
     """The engine's hit counts beside the simulator's, a row per layer."""
-    table = Table(title=f"expert cache: {check.pinned} pinned + {check.window} LRU slots, {check.steps} decode steps")
+    kept = f"{check.pinned} pinned + {check.window} LRU" if check.policy == "lru" else f"{check.window} frequency"
+    table = Table(title=f"expert cache: {kept} slots, {check.steps} decode steps")
     for column in ("layer", "engine hits", "simulated hits", "engine misses", "overflow"):
         table.add_column(column, justify="right")
     for row in check.layers:

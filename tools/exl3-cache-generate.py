@@ -43,6 +43,9 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--pinned", type=int, default=2)
     parser.add_argument("--cache-tokens", type=int, default=4096)
+    parser.add_argument("--policy", choices=("lru", "frequency"), default="lru", help="frequency: --pinned must be 0")
+    parser.add_argument("--recent", type=int, default=1)
+    parser.add_argument("--half-life", type=float, default=256.0)
     args = parser.parse_args()
 
     import numpy as np
@@ -52,12 +55,19 @@ def main() -> int:
     from exllamav3.generator.sampler import ArgmaxSampler
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
-    from glm53.plan.cache.policies import pinned_lru_step_hits
+    from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
     from glm53.serve.engines.exllamav3.expert_cache import CacheSettings, LayerExpertCache
 
     # after torch, whose libraries the module links against
     cache_ext = importlib.import_module("glm53_expert_cache")
-    settings = CacheSettings(window=args.window, pinned=args.pinned, stats=None)
+    settings = CacheSettings(
+        window=args.window,
+        pinned=args.pinned,
+        stats=None,
+        policy=args.policy,
+        recent=args.recent,
+        half_life=args.half_life,
+    )
 
     layers: list[Any] = []
     original_init = BlockSparseMLP.__init__
@@ -148,9 +158,14 @@ def main() -> int:
     overflow = [int(m.glm53_cache.state[cache_ext.STATE_OVERFLOW].item()) for m in layers]
     routes = np.array(cached_routes, dtype=np.int64).transpose(1, 0, 2)  # (steps, layers, top_k)
     experts = int(layers[0].num_experts)
-    simulated = pinned_lru_step_hits(
-        routes, experts, np.stack(rankings), [args.pinned] * len(layers), [args.window] * len(layers)
-    ).hits.sum(axis=0)
+    if args.policy == "frequency":
+        simulated = decayed_frequency(
+            routes, experts, [args.window] * len(layers), recent=args.recent, half_life=args.half_life
+        ).hits.sum(axis=0)
+    else:
+        simulated = pinned_lru_step_hits(
+            routes, experts, np.stack(rankings), [args.pinned] * len(layers), [args.window] * len(layers)
+        ).hits.sum(axis=0)
 
     def first_difference(a: list[list[Any]], b: list[list[Any]]) -> list[int] | None:
         for i, (x, y) in enumerate(zip(a, b, strict=False)):

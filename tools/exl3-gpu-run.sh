@@ -84,12 +84,14 @@ for stage in "$@"; do
     if [ "$want" != "$have" ]; then echo "prebuilt for torch $want, this machine has $have: build instead"; exit 1; fi
     mkdir -p "$site165"
     for packed in "$prebuilt"/site/*.xz "$prebuilt"/site165/*.xz; do
+      [ -f "$packed" ] || continue  # site165/ is empty when 1.6.5 was not packed
       dir=$(basename "$(dirname "$packed")"); name=$(basename "$packed" .xz)
       python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
         "$packed" "$work/$dir/$name"
     done
     (cd "$work" && sha256sum -c "$prebuilt/SHA256SUMS") || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site165" "$wheels165"/*.whl
+    ls "$site165"/exllamav3_ext*.so >/dev/null 2>&1 &&
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site165" "$wheels165"/*.whl
     cat "$prebuilt/build.json"
     ;;
   build-cache)

@@ -5,7 +5,7 @@
 #   tools/pack-prebuilt.sh OUT SITE_146 SITE_165 PYTHON
 #
 # SITE_146 holds exllamav3_ext and glm53_expert_cache built by pkgs/exllamav3/build_ext.py from ExLlamaV3 1.4.6's
-# wheel and pkgs/exllamav3/expert-cache; SITE_165 exllamav3_ext from 1.6.5's; PYTHON is the interpreter (and
+# wheel and pkgs/exllamav3/expert-cache; SITE_165 exllamav3_ext from 1.6.5's ("-": none); PYTHON is the interpreter (and
 # torch) they were built with. OUT gets site/ and site165/ (each module xz-compressed), SHA256SUMS of the modules
 # as built, and build.json: the torch, CUDA and nvcc they were built against, and the sources' hashes, which the
 # stage compares with the GPU machine's torch before it uses them.
@@ -14,7 +14,9 @@ out=${1:?usage: pack-prebuilt.sh OUT SITE_146 SITE_165 PYTHON}; site146=${2:?}; 
 root=$(cd "$(dirname "$0")/.." && pwd)
 rm -rf "$out.partial" && mkdir -p "$out.partial/site" "$out.partial/site165"
 sums=()
-for pair in "site:$site146/exllamav3_ext" "site:$site146/glm53_expert_cache" "site165:$site165/exllamav3_ext"; do
+pairs=("site:$site146/exllamav3_ext" "site:$site146/glm53_expert_cache")
+[ "$site165" != - ] && pairs+=("site165:$site165/exllamav3_ext")
+for pair in "${pairs[@]}"; do
   dir=${pair%%:*}; module=$(ls "${pair#*:}".cpython-*.so)
   xz -T2 -9 -c "$module" >"$out.partial/$dir/$(basename "$module").xz"
   sums+=("$(sha256sum "$module" | cut -d' ' -f1)  $dir/$(basename "$module")")

@@ -76,7 +76,8 @@ for stage in "$@"; do
     ;;
   prebuilt)
     # PREBUILT (default .prebuilt, tools/pack-prebuilt.sh): the extensions built elsewhere for this torch, unpacked
-    # into the sites that stages build, build-cache and build165 would fill, after their hashes and torch are checked
+    # into the sites that stages build, build-cache and build165 would fill, after their hashes and torch are checked;
+    # carry build.json and SHA256SUMS with each part
     stamp prebuilt
     prebuilt=${PREBUILT:-$root/.prebuilt}
     want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["torch"])' "$prebuilt/build.json")
@@ -89,7 +90,8 @@ for stage in "$@"; do
       python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
         "$packed" "$work/$dir/$name"
     done
-    (cd "$work" && sha256sum -c "$prebuilt/SHA256SUMS") || exit 1
+    # the parts carried so far (site/ and site165/ may come in separate calls: a call carries at most 64 MiB)
+    (cd "$work" && sha256sum -c --ignore-missing "$prebuilt/SHA256SUMS") || exit 1
     ls "$site165"/exllamav3_ext*.so >/dev/null 2>&1 &&
       python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site165" "$wheels165"/*.whl
     cat "$prebuilt/build.json"

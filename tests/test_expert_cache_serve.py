@@ -31,6 +31,7 @@ from glm53.plan.exllamav3.expert_cache import check_cache_report, replay_lookups
 from glm53.plan.inputs.model import model_facts
 from glm53.plan.routing.spec import SyntheticTraceSpec
 from glm53.plan.routing.traces import RoutingTrace, synthesize_trace, write_trace
+from glm53.serve.engines.exllamav3.expert_cache import EXTENSION_MARKER as EXPERT_CACHE_MARKER
 from glm53.serve.engines.exllamav3.expert_cache import REPORT_NAME, CacheSettings, cache_settings, read_rankings
 from tests.support.cli import CliResult, run_glm53
 from tests.support.fake_nvml import FakeNvml
@@ -735,7 +736,9 @@ def test_the_runner_hooks_nothing_until_exllamav3_is_imported(tmp_path: Path, pr
     # allocator): an empty module of its name stands in, as CI has no CUDA build of it.
     found = tmp_path / "found"
     found.mkdir()
-    (found / "glm53_expert_cache.py").write_text("raise ImportError('a stand-in is only found, never imported')\n")
+    (found / "glm53_expert_cache.py").write_text(
+        "raise ImportError('a stand-in is only found, never imported')\n# <glm53_expert_cache api 2>\n"
+    )
     done = _runner(
         tmp_path,
         "--report",
@@ -752,6 +755,28 @@ def test_the_runner_hooks_nothing_until_exllamav3_is_imported(tmp_path: Path, pr
     assert ran["argv"] == [str(program), "0"] and ran["torch"] is False and ran["exllamav3"] is False
     assert capture.is_dir()  # made for the recorder
     assert not (tmp_path / REPORT_NAME).exists()  # no layer was cached, no queue drained
+
+
+def test_a_cache_module_built_from_older_sources_is_refused_before_the_program_runs(
+    tmp_path: Path, program: Path
+) -> None:
+    """A module without this runner's API marker (built before the policy arguments): exit 3 naming it and the
+    rebuild, found without importing it. The marker is in the real build (expert_cache.cu's API_MARKER)."""
+    source = (Path(__file__).resolve().parents[1] / "pkgs/exllamav3/expert-cache/expert_cache.cu").read_text()
+    assert f'API_MARKER = "{EXPERT_CACHE_MARKER.decode()}"' in source
+    found = tmp_path / "found"
+    found.mkdir()
+    (found / "glm53_expert_cache.py").write_text(
+        "raise ImportError('found, never imported')\n# <glm53_expert_cache api 1>\n"
+    )
+    env = {"EXPERT_CACHE": "1", "EXPERT_CACHE_WINDOW": "4"}
+    done = _runner(tmp_path, "--report", str(tmp_path / REPORT_NAME), str(program), "0", env=env, paths=(found,))
+    assert done.returncode == 3, done.stderr
+    assert f"error: {found / 'glm53_expert_cache.py'} was built from older sources" in done.stderr
+    assert "build_ext.py" in done.stderr and "install-engine" in done.stderr
+    assert not program.with_name("ran.json").exists()
+    # the cache off: the same module is not read
+    assert _runner(tmp_path, "--report", str(tmp_path / REPORT_NAME), str(program), "0", paths=(found,)).returncode == 0
 
 
 @pytest.mark.skipif(

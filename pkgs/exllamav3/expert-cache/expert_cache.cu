@@ -22,6 +22,12 @@ using namespace glm53_cache;
 
 namespace {
 
+// What this build's lookup takes (the policy arguments came with api 2). The runner finds this text in the built
+// module without importing it (glm53.serve.engines.exllamav3.expert_cache.EXTENSION_API): a module built from
+// older sources is refused before TabbyAPI starts, not at the first decode step.
+constexpr int API_VERSION = 2;
+constexpr const char* API_MARKER = "<glm53_expert_cache api 2>";
+
 constexpr int LOOKUP_THREADS = 256;
 constexpr int MAX_SELECTED = 128;    // one step's selections of one layer (rows x top_k)
 constexpr int MAX_SLOTS = 8192;
@@ -325,6 +331,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.attr("STATE_HITS") = py::int_(STATE_HITS);
     m.attr("STATE_MISSES") = py::int_(STATE_MISSES);
     m.attr("STATE_OVERFLOW") = py::int_(STATE_OVERFLOW);
+    m.attr("API_VERSION") = py::int_(API_VERSION);
+    m.attr("API_MARKER") = py::str(API_MARKER);
     m.attr("POLICY_LRU") = py::int_(POLICY_LRU);
     m.attr("POLICY_FREQUENCY") = py::int_(POLICY_FREQUENCY);
     m.attr("NEVER") = py::int_(NEVER);

@@ -48,6 +48,9 @@ from glm53.serve.engines.exllamav3.routing import after_import
 
 REPORT_NAME = "expert-cache.json"
 EXTENSION = "glm53_expert_cache"
+# The lookup arguments this runner passes (API_VERSION in expert_cache.cu), found as text in the built module.
+EXTENSION_API = 2
+EXTENSION_MARKER = f"<glm53_expert_cache api {EXTENSION_API}>".encode()
 
 
 POLICIES = ("lru", "frequency")  # policy.cuh's POLICY_LRU, POLICY_FREQUENCY, in that order
@@ -375,6 +378,18 @@ def _hook(runtime: CacheRuntime) -> None:
     Generator.on_queue_drained = on_queue_drained  # type: ignore[method-assign]
 
 
+def _stale_extension() -> str | None:
+    """The cache's module when it was built from sources older than this runner (its file lacks
+    EXTENSION_MARKER), else None. Read, not imported: importing it loads torch before TabbyAPI chooses torch's
+    allocator."""
+    spec = importlib.util.find_spec(EXTENSION)
+    origin = spec.origin if spec is not None else None
+    if origin is None or not os.path.isfile(origin):
+        return None
+    with open(origin, "rb") as module:
+        return None if EXTENSION_MARKER in module.read() else origin
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m glm53.serve.engines.exllamav3.expert_cache",
@@ -397,6 +412,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"error: EXPERT_CACHE=1 and this Python ({sys.executable}) has no {EXTENSION} module\n"
             "fix: build it with pkgs/exllamav3/build_ext.py (`glm53 doctor` says how), or EXPERT_CACHE=0",
+            file=sys.stderr,
+        )
+        return 3
+    if settings is not None and (stale := _stale_extension()) is not None:
+        print(
+            f"error: {stale} was built from older sources than this glm53 (its lookup lacks api "
+            f"{EXTENSION_API}: the cache's policies)\n"
+            "fix: rebuild it with pkgs/exllamav3/build_ext.py (`glm53 repro install-engine NEW_DIR` builds both "
+            "extensions), or EXPERT_CACHE=0",
             file=sys.stderr,
         )
         return 3

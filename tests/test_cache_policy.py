@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glm53.errors import BadInput
-from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
+from glm53.plan.cache.policies import decayed_frequency, growth_rate, pinned_lru_step_hits
 from glm53.plan.exllamav3.expert_cache import check_cache_report
 from glm53.plan.routing.spec import SyntheticTraceSpec
 from glm53.plan.routing.traces import RoutingTrace, synthesize_trace, write_trace
@@ -60,7 +60,7 @@ def _replay(
     steps, layers, top_k = routes.shape
     routes_file = work / "routes.bin"
     routes.astype("<i8").tofile(routes_file)
-    rate = 2.0 ** (1.0 / half_life)  # as decayed_frequency computes it, and the engine's runner
+    rate = growth_rate(half_life)  # as decayed_frequency computes it, and the engine's runner
     argv = [str(program), str(routes_file), str(steps), str(layers), str(top_k), str(experts), str(policy)]
     argv += [str(pinned), str(window), str(recent), repr(rate)]
     if rankings is not None:

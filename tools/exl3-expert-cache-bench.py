@@ -33,6 +33,8 @@ import time
 import numpy as np
 import torch
 
+from glm53.plan.cache.policies import growth_rate
+
 PCIE4_GBPS = 25.0
 
 
@@ -119,7 +121,7 @@ class Cache:
         self.pinned, self.window = pinned, window
         self.policy = 1 if frequency else 0  # policy.cuh's POLICY_FREQUENCY, POLICY_LRU
         self.recent, half_life = frequency or (1, 256.0)
-        self.rate = 2.0 ** (1.0 / half_life)  # as the simulator computes it
+        self.rate = growth_rate(half_life)  # the simulator's own
         self.score = torch.zeros(experts + 1, dtype=torch.float64, device="cuda")
         self.last = torch.empty(experts, dtype=torch.long, device="cuda")
         self.slots = pinned + window + staging

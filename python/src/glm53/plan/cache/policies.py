@@ -303,13 +303,23 @@ def exl3_dynamic(
     )
 
 
+DEFAULT_RECENT = 1
+DEFAULT_HALF_LIFE = 256.0
+
+
+def growth_rate(half_life: float) -> float:
+    """Decayed frequency's growth per step (a use's weight halves every `half_life` steps): one expression for
+    this simulator and the GPU cache's runner, so both hold the same double."""
+    return float(2.0 ** (1.0 / half_life))
+
+
 def decayed_frequency(
     routes: NDArray[np.integer],
     experts: int,
     slots: NDArray[np.integer] | list[int],
     *,
-    recent: int | NDArray[np.integer] = 1,
-    half_life: float = 256.0,
+    recent: int | NDArray[np.integer] = DEFAULT_RECENT,
+    half_life: float = DEFAULT_HALF_LIFE,
     loop: bool | None = None,
 ) -> StepHits:
     """A decayed-frequency cache over (steps, layers, top_k), the same step model as LRU's.
@@ -329,7 +339,7 @@ def decayed_frequency(
     steps, layers, _ = routes.shape
     capacity = np.broadcast_to(np.asarray(slots, dtype=np.int64), (layers,)).copy()
     window = np.broadcast_to(np.asarray(recent, dtype=np.int64), (layers,)).copy()
-    rate = np.full(layers, 2.0 ** (1.0 / half_life))
+    rate = np.full(layers, growth_rate(half_life))
     hits = np.zeros((steps, layers), dtype=np.int16)
     if compiled() if loop is None else loop:
         _run_kernel(routes, experts, capacity, window, rate[:1], 1.0, hits)

@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from glm53.errors import BadInput
-from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
+from glm53.plan.cache.policies import (
+    DEFAULT_HALF_LIFE,
+    DEFAULT_RECENT,
+    decayed_frequency,
+    pinned_lru_step_hits,
+)
 from glm53.plan.cache.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
 from glm53.plan.routing.shapes import stress_scenarios
 
@@ -363,8 +368,8 @@ def check_cache_report(
         window, pinned = int(report["window"]), int(report["pinned"])  # type: ignore[call-overload]
         # reports of the LRU-only cache name no policy
         policy = str(report.get("policy", "lru"))
-        recent = int(report.get("recent", 1))  # type: ignore[call-overload]
-        half_life = float(report.get("half_life", 256.0))  # type: ignore[arg-type]
+        recent = int(report.get("recent", DEFAULT_RECENT))  # type: ignore[call-overload]
+        half_life = float(report.get("half_life", DEFAULT_HALF_LIFE))  # type: ignore[arg-type]
         if policy not in ("lru", "frequency"):
             raise ValueError(f"unknown policy {policy!r}")
         layers = report["layers"]

@@ -48,7 +48,7 @@ def finish_exl3_plan(
     """Add the placement comparison (a trace and a split plan), then write the files when `out_dir` is given."""
     updates: dict[str, object] = {}
     if plan.expert_cache is not None:
-        plan = _choose_pinned(plan, model, stats)
+        plan = _choose_cache_setting(plan, model, stats)
     elif isinstance(stats, RoutingTrace) and plan.offload.mode == "split":
         updates["placement"] = compare_placements(stats, plan.offload.split_experts, learn_fraction)
         experts = stats.experts
@@ -90,9 +90,10 @@ def finish_exl3_plan(
     return SavedExl3Plan(plan, tuple(files))
 
 
-def _choose_pinned(plan: Exl3Plan, model: ModelFacts, stats: RoutingTrace | RoutingCounts | None) -> Exl3Plan:
-    """With a routing trace, the cache's pinned share: the pinned-LRU setting that holds up best on the trace and
-    its stress scenarios (never a quarter point below plain LRU on any); counts alone cannot be replayed."""
+def _choose_cache_setting(plan: Exl3Plan, model: ModelFacts, stats: RoutingTrace | RoutingCounts | None) -> Exl3Plan:
+    """With a routing trace, the cache's setting: the policy (pinned LRU or decayed frequency) that holds up best
+    on the trace and its stress scenarios (never a quarter point below plain LRU on any); counts alone cannot be
+    replayed."""
     size = plan.expert_cache
     assert size is not None
     if not isinstance(stats, RoutingTrace):

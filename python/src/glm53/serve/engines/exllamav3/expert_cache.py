@@ -43,6 +43,7 @@ from typing import Any
 
 from glm53.errors import BadInput
 from glm53.fsutil import atomic_write_bytes
+from glm53.plan.cache.policies import DEFAULT_HALF_LIFE, DEFAULT_RECENT, growth_rate
 from glm53.serve.engines.exllamav3 import routing
 from glm53.serve.engines.exllamav3.routing import after_import
 
@@ -54,8 +55,6 @@ EXTENSION_MARKER = f"<glm53_expert_cache api {EXTENSION_API}>".encode()
 
 
 POLICIES = ("lru", "frequency")  # policy.cuh's POLICY_LRU, POLICY_FREQUENCY, in that order
-DEFAULT_RECENT = 1
-DEFAULT_HALF_LIFE = 256.0  # glm53.plan.cache.policies.decayed_frequency's defaults
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ class CacheSettings:
     @property
     def rate(self) -> float:
         """The frequency policy's growth per step, computed as the simulator computes it."""
-        return float(2.0 ** (1.0 / self.half_life))
+        return growth_rate(self.half_life)
 
 
 def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
@@ -378,12 +377,10 @@ def _hook(runtime: CacheRuntime) -> None:
     Generator.on_queue_drained = on_queue_drained  # type: ignore[method-assign]
 
 
-def _stale_extension() -> str | None:
-    """The cache's module when it was built from sources older than this runner (its file lacks
+def _stale_extension(origin: str | None) -> str | None:
+    """The cache's module file when it was built from sources older than this runner (it lacks
     EXTENSION_MARKER), else None. Read, not imported: importing it loads torch before TabbyAPI chooses torch's
     allocator."""
-    spec = importlib.util.find_spec(EXTENSION)
-    origin = spec.origin if spec is not None else None
     if origin is None or not os.path.isfile(origin):
         return None
     with open(origin, "rb") as module:
@@ -407,15 +404,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         print(f"error: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else ""), file=sys.stderr)
         return 2
-    if settings is not None and importlib.util.find_spec(EXTENSION) is None:
-        # found, not imported: importing it loads torch before TabbyAPI chooses torch's allocator
+    # found, not imported: importing it loads torch before TabbyAPI chooses torch's allocator
+    spec = importlib.util.find_spec(EXTENSION) if settings is not None else None
+    if settings is not None and spec is None:
         print(
             f"error: EXPERT_CACHE=1 and this Python ({sys.executable}) has no {EXTENSION} module\n"
             "fix: build it with pkgs/exllamav3/build_ext.py (`glm53 doctor` says how), or EXPERT_CACHE=0",
             file=sys.stderr,
         )
         return 3
-    if settings is not None and (stale := _stale_extension()) is not None:
+    if spec is not None and (stale := _stale_extension(spec.origin)) is not None:
         print(
             f"error: {stale} was built from older sources than this glm53 (its lookup lacks api "
             f"{EXTENSION_API}: the cache's policies)\n"

@@ -2,7 +2,8 @@
 
 The policy is checked three ways: the lookup kernel's algorithm written out step by step (`replay_lookups`)
 equals the planner's vectorised simulator on arbitrary traces, and both equal the hit counts the CUDA kernel
-itself reported on an H200 (benchmarks/data/expert-cache-h200.json, from tools/exl3-expert-cache-bench.py).
+itself reported on an H200 and an H100 (benchmarks/data/expert-cache-h200.json, expert-cache-h100.json, from
+tools/exl3-expert-cache-bench.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glm53.errors import BadInput
-from glm53.plan.cache.policies import pinned_lru_masks, pinned_lru_step_hits
+from glm53.plan.cache.policies import decayed_frequency, pinned_lru_masks, pinned_lru_step_hits
 from glm53.plan.exllamav3.expert_cache import check_trace_matches, replay_lookups, size_cache
 from glm53.plan.inputs.model import load_architecture
 from glm53.plan.routing.spec import SyntheticTraceSpec
@@ -25,6 +26,8 @@ from glm53.plan.routing.traces import RoutingTrace, synthesize_trace, write_trac
 from tests.support.cli import run_with_capsys as run
 
 MEASURED = Path(__file__).parents[1] / "benchmarks" / "data" / "expert-cache-h200.json"
+# The later run: the decayed-frequency policy, ExLlamaV3's static CPU split and the hybrid cache beside LRU.
+MEASURED_H100 = MEASURED.with_name("expert-cache-h100.json")
 GIB = 2**30
 
 
@@ -58,9 +61,10 @@ def test_replay_keeps_the_window_most_recent() -> None:
     assert replay_lookups(routes, 4, ranking, 1, 2).tolist() == [1, 0, 0, 1, 1, 1]
 
 
-def test_the_gpus_hit_counts_equal_both_replays() -> None:
-    """The H200 run's per-layer hits (the kernel's own counters) for every cache setting it ran."""
-    report = json.loads(MEASURED.read_text())
+@pytest.mark.parametrize(("measured", "runs_checked"), [(MEASURED, 15), (MEASURED_H100, 25)])
+def test_the_gpus_hit_counts_equal_both_replays(measured: Path, runs_checked: int) -> None:
+    """The GPU run's per-layer hits (the kernel's own counters) for every cache setting it ran."""
+    report = json.loads(measured.read_text())
     args = report["args"]
     warm = 32  # the bench's warm-up steps before the measured ones
     trace = synthesize_trace(
@@ -75,24 +79,59 @@ def test_the_gpus_hit_counts_equal_both_replays() -> None:
     )
     rankings = np.argsort(-trace.counts(), axis=1, kind="stable")
     routes = trace.routes[warm:].astype(np.int64)
+    layers = args["layers"]
     checked = 0
     for label, run_ in report["runs"].items():
         if "hits" not in run_:
             continue
-        assert run_["exact"], label  # bit-equal to the all-resident model
-        assert set(run_["overflow"]) == {0}, label
         pinned, window = run_["pinned"], run_["window"]
-        layers = args["layers"]
-        simulated = pinned_lru_step_hits(routes, trace.experts, rankings, [pinned] * layers, [window] * layers)
-        assert simulated.hits.sum(axis=0).tolist() == run_["hits"], label
-        stepwise = [
-            int(replay_lookups(routes[:, i, :], trace.experts, rankings[i].tolist(), pinned, window).sum())
-            for i in range(layers)
-        ]
-        assert stepwise == run_["hits"], label
-        assert [h + m for h, m in zip(run_["hits"], run_["misses"], strict=True)] == [args["steps"] * 8] * layers
+        if run_.get("policy") == "frequency":
+            simulated = decayed_frequency(
+                routes, trace.experts, [window], recent=args["recent"], half_life=args["half_life"]
+            )
+            assert simulated.hits.sum(axis=0).tolist() == run_["hits"], label
+        else:
+            simulated = pinned_lru_step_hits(routes, trace.experts, rankings, [pinned] * layers, [window] * layers)
+            assert simulated.hits.sum(axis=0).tolist() == run_["hits"], label
+            stepwise = [
+                int(replay_lookups(routes[:, i, :], trace.experts, rankings[i].tolist(), pinned, window).sum())
+                for i in range(layers)
+            ]
+            assert stepwise == run_["hits"], label
+        if label.startswith("hybrid-"):
+            # misses computed on the CPU: not exact, held by the KL gate instead
+            assert run_["kl_gate"] and run_["kl_mean"] <= args["max_kl"], label
+            assert run_["cpu_share"] == pytest.approx(1 - run_["hit_rate"]), label
+        else:
+            assert run_["exact"], label  # bit-equal to the all-resident model
+            assert set(run_["overflow"]) == {0}, label
+            assert [h + m for h, m in zip(run_["hits"], run_["misses"], strict=True)] == [args["steps"] * 8] * layers
         checked += 1
-    assert checked >= 15  # 2 budgets x (LRU, pinned LRU) + streaming, eager, graph and paced each
+    # 2 budgets x (LRU, pinned LRU[, frequency]) + streaming, eager, graph and paced each[, hybrid eager and paced]
+    assert checked == runs_checked
+
+
+def test_the_static_split_computes_on_the_cpu_what_its_gpu_share_does_not_hold() -> None:
+    """ExLlamaV3's static split as the H100 ran it: the `slots + top_k` hottest experts of a layer on the GPU, the
+    rest on the CPU; its CPU share is the trace's share outside that set, and it passed the KL gate."""
+    report = json.loads(MEASURED_H100.read_text())
+    args = report["args"]
+    warm = 32
+    trace = synthesize_trace(
+        SyntheticTraceSpec(
+            layers=tuple(range(args["layers"])), experts=args["experts"], top_k=args["top_k"],
+            steps=warm + args["steps"], locality=args["locality"], seed=args["seed"],
+        )
+    )  # fmt: skip
+    rankings = np.argsort(-trace.counts(), axis=1, kind="stable")
+    routes = trace.routes[warm:]
+    splits = {label: run_ for label, run_ in report["runs"].items() if label.startswith("split-")}
+    assert sorted(splits) == ["split-144/eager", "split-64/eager"]
+    for label, run_ in splits.items():
+        held = run_["gpu_experts"]
+        on_gpu = sum(np.isin(routes[:, i, :], rankings[i][:held]).sum() for i in range(args["layers"]))
+        assert run_["cpu_share"] == pytest.approx(1 - on_gpu / routes.size), label
+        assert run_["kl_gate"] and not run_["exact"], label
 
 
 def test_size_fits_the_budget_beside_staging() -> None:

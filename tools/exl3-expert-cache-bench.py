@@ -16,16 +16,25 @@ tables. Modes, all on the same routing trace and the same input:
                 lookup kernel rewrites the tables, the fetch kernel copies the misses from mapped pinned host
                 memory on a promotion stream while the shared expert runs, the routed mgemms wait for it
     stream      no cache: every selected expert copied in every step (window 0), the simplest baseline
+    split       ExLlamaV3's static CPU split: the `slots` hottest experts of a layer on the GPU, every other one
+                computed on the CPU by ExLlamaV3's own CPU kernel (exl3_moe_cpu_forward, the stock split's) from
+                the host pool, beside the GPU's share
+    hybrid      the cache (pinned hottest + LRU window), its misses computed on the CPU by that kernel while the
+                promotion stream copies them into their slots for later steps (the recipe's pools)
     *-pcie4     the same with the fetch paced to a PCIe 4.0 x16 link (25 GB/s), the 2x3090 host's link
 
-Every mode runs eagerly and as one CUDA graph per step; the hidden state after each step is kept and compared
-bit for bit with the resident run's.
+The exact modes run eagerly and as one CUDA graph per step; the hidden state after each step is kept and
+compared bit for bit with the resident run's. split and hybrid wait on the host for each layer's routing (eager
+only) and are not exact (the CPU kernel rounds activations to int8): each step starts from the resident run's
+state before it, and the KL gate compares a fixed random vocabulary head's softmax of their states with the
+resident run's (--max-kl).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -55,6 +64,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--blocks-per-miss", type=int, default=16)
     parser.add_argument("--recent", type=int, default=1, help="frequency policy: steps whose experts are kept first")
     parser.add_argument("--half-life", type=float, default=256.0, help="frequency policy: count half-life in steps")
+    parser.add_argument("--cpu-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                        help="split and hybrid: CPU kernel threads (ExLlamaV3's default: half the cores)")  # fmt: skip
+    parser.add_argument("--max-kl", type=float, default=0.01, help="split and hybrid: the KL gate (nats, mean a step)")
+    parser.add_argument("--vocab", type=int, default=32768, help="the KL gate's random vocabulary head")
+    parser.add_argument("--no-cpu", action="store_true", help="skip the split and hybrid modes")
     return parser.parse_args(argv)
 
 
@@ -136,6 +150,8 @@ class Cache:
         self.miss_count = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.tables = [torch.zeros(experts, dtype=torch.long, device="cuda") for _ in range(3)]
         self.pinned_experts = [int(e) for e in ranking[:pinned]]
+        # hybrid: the promotions a step starts land before the same layer's next lookup, not before its own compute
+        self.fetched = torch.cuda.Event()
         self.reset()
 
     def reset(self) -> None:
@@ -200,6 +216,17 @@ class Model:
         self.promo = torch.cuda.Stream()
         self.caches: list[Cache] | None = None
         self.gbps = 0.0
+        # split and hybrid: ExLlamaV3's CPU kernel over the host pool (cpu_layers: its handles, one a layer)
+        self.cpu_mode: str | None = None
+        self.cpu_layers: list[int] = []
+        self.gpu_experts: list[torch.Tensor] = []  # split: per layer, which experts the GPU holds
+        self.staging_index = torch.arange(args.top_k, device="cuda")
+        self.x_host = torch.empty((1, args.hidden), dtype=torch.half).pin_memory()
+        self.sel_host = torch.empty((1, args.top_k), dtype=torch.long).pin_memory()
+        self.on_cpu_host = torch.empty((1, args.top_k), dtype=torch.bool).pin_memory()
+        self.out_host = torch.empty((1, args.hidden), dtype=torch.float).pin_memory()
+        self.weights_host = [layer.weights.cpu() for layer in layers]
+        self.cpu_selections = 0
 
     def reset(self, start_step: int) -> None:
         self.x.copy_(self.x0)
@@ -212,16 +239,23 @@ class Model:
         a, ext = self.args, self.ext
         self.sel.copy_(self.routes.index_select(0, self.step).view(len(self.layers), 1, a.top_k))
         main = torch.cuda.current_stream()
+        hybrid = self.cpu_mode == "hybrid"
         for index, layer in enumerate(self.layers):
             sel = self.sel[index]
             cache = self.caches[index] if self.caches else None
+            on_cpu = None  # split and hybrid: the selections the CPU computes this step (device, no sync)
             if cache is not None:
+                if hybrid:
+                    main.wait_event(cache.fetched)
                 self.cache_ext.lookup(
                     sel, cache.slot_of_expert, cache.expert_of_slot, cache.stamp, cache.state,
                     cache.miss_expert, cache.miss_slot, cache.miss_count, *cache.tables, *layer.offsets,
                     cache.pool, cache.slot_bytes, cache.pinned, cache.window, None, None, None, cache.policy,
                     cache.recent, cache.rate, cache.score, cache.last,
                 )  # fmt: skip
+                if hybrid:
+                    listed = self.staging_index < cache.miss_count
+                    on_cpu = ((sel.unsqueeze(-1) == cache.miss_expert.long()) & listed).any(-1)
                 self.promo.wait_stream(main)
                 with torch.cuda.stream(self.promo):
                     self.cache_ext.fetch(
@@ -229,20 +263,45 @@ class Model:
                         self.host_pool_addr + index * a.experts * layer.expert_bytes, layer.expert_bytes,
                         cache.pool, cache.slot_bytes, a.top_k, a.blocks_per_miss, self.gbps,
                     )  # fmt: skip
+                    if hybrid:
+                        cache.fetched.record()
+            elif self.cpu_mode == "split":
+                on_cpu = ~self.gpu_experts[index][sel]
+            routed_sel = sel
+            if on_cpu is not None:
+                self.sel_host.copy_(sel, non_blocking=True)
+                self.on_cpu_host.copy_(on_cpu, non_blocking=True)
+                self.x_host.copy_(self.x.view(1, a.hidden), non_blocking=True)
+                handed_off = torch.cuda.Event()
+                handed_off.record()
+                routed_sel = torch.where(on_cpu, -1, sel)  # the GPU kernels skip negative indices
             # The shared expert runs while the misses land.
             mlp(ext, self.x, layer.shared_tables, layer.shared_suh_tables, layer.shared_svh_tables, self.one,
                 None, a.bits, self.shared)  # fmt: skip
-            if cache is not None:
+            if cache is not None and not hybrid:
                 main.wait_stream(self.promo)
             tables = cache.tables if cache is not None else layer.resident_tables
-            mlp(ext, self.x, tables, layer.suh_tables, layer.svh_tables, sel, layer.weights, a.bits, self.routed)
+            mlp(ext, self.x, tables, layer.suh_tables, layer.svh_tables, routed_sel, layer.weights, a.bits, self.routed)
             y = self.routed["d"][0] + self.shared["d"][0]
+            if on_cpu is not None:
+                # the GPU runs its share while the CPU computes the rest from the host pool
+                handed_off.synchronize()
+                cpu_sel = torch.where(self.on_cpu_host, self.sel_host, -1)
+                self.cpu_selections += int(self.on_cpu_host.sum())
+                ext.exl3_moe_cpu_forward(
+                    self.cpu_layers[index], self.x_host, cpu_sel, self.weights_host[index], self.out_host,
+                    a.cpu_threads,
+                )  # fmt: skip
+                y = y + self.out_host.to("cuda", non_blocking=True)
             self.x.copy_((y * torch.rsqrt(y.pow(2).mean() + 1e-6)).half().view(1, 1, a.hidden))
         self.history.index_copy_(0, self.step - self.step_origin, self.x.view(1, a.hidden))
         self.step.add_(1)
 
-    def run(self, steps: int, start: int, graph: bool) -> tuple[torch.Tensor, float]:
-        """`steps` decode steps from trace step `start`; returns the hidden states and the seconds taken."""
+    def run(
+        self, steps: int, start: int, graph: bool, teacher: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """`steps` decode steps from trace step `start`; returns the hidden states and the seconds taken.
+        `teacher` (eager only): each step starts from that run's state before it, not this run's own."""
         self.step_origin = start
         self.reset(start)
         if graph:
@@ -261,11 +320,43 @@ class Model:
         else:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            for _ in range(steps):
+            for i in range(steps):
+                if teacher is not None:
+                    self.x.copy_((teacher[i - 1] if i else self.x0).view(1, 1, -1))
                 self.decode_step()
             torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
         return self.history[:steps].clone(), seconds
+
+
+def cpu_layers(ext, layers: list[Layer], host_pool: torch.Tensor, experts: int) -> list[int]:
+    """ExLlamaV3's CPU kernel registered over the host pool itself (views, no copy; trellis unswizzled, as
+    the GPU reads it), the scales copied to the CPU: what the stock split computes its experts from."""
+    handles = []
+    for index, layer in enumerate(layers):
+        base = index * experts * layer.expert_bytes
+        parts = []
+        for part, (offset, nbytes, shape) in enumerate(
+            zip(layer.offsets, layer.part_bytes, layer.part_shapes, strict=True)
+        ):
+            trellis = [
+                host_pool[base + e * layer.expert_bytes + offset :][:nbytes].view(torch.int16).view(shape)
+                for e in range(experts)
+            ]
+            suh, svh = layer.suh[part].cpu(), layer.svh[part].cpu()
+            parts += [trellis, [suh[e] for e in range(experts)], [svh[e] for e in range(experts)]]
+        handles.append(ext.exl3_moe_cpu_make_layer(*parts, [], [], [], 0, 0.0, 0))  # silu, no biases
+    return handles
+
+
+def divergence(states: torch.Tensor, reference: torch.Tensor, head: torch.Tensor) -> dict[str, float]:
+    """KL(reference || run) of the vocabulary head's softmax, a step's mean and the worst step, and the states'
+    relative L2 error."""
+    ref_logp = torch.log_softmax(reference.float() @ head.T, dim=-1)
+    logp = torch.log_softmax(states.float() @ head.T, dim=-1)
+    kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+    error = (states.float() - reference.float()).norm(dim=-1) / reference.float().norm(dim=-1)
+    return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "relative_l2_mean": float(error.mean())}
 
 
 def copy_rates(cache_ext, layer: Layer, host_pool: torch.Tensor, experts: int, blocks_per_miss: int, pool_addr: int):
@@ -380,6 +471,11 @@ def main(argv: list[str]) -> int:
     rankings = np.argsort(-counts, axis=1, kind="stable")
 
     model = Model(args, ext, cache_ext, layers, routes_gpu, pool_addr)
+    if not args.no_cpu:
+        model.cpu_layers = cpu_layers(ext, layers, host_pool, args.experts)
+    head = torch.randn((args.vocab, args.hidden), generator=torch.Generator("cuda").manual_seed(11), device="cuda") * (
+        4.0 / args.hidden**0.5
+    )  # logits of standard deviation 4 on the unit-RMS states
     # Warm-up: the mgemm autotuner picks its shapes on the first eager calls.
     model.run(warm, 0, graph=False)
 
@@ -400,6 +496,11 @@ def main(argv: list[str]) -> int:
         configs.append((f"frequency-{total}", 0, total, (args.recent, args.half_life)))
     configs.append(("stream", 0, 0, None))
     for name, pinned, window, frequency in configs:
+        if name.startswith("pinned-lru-") and not args.no_cpu:
+            # the same VRAM two more ways: ExLlamaV3's static split, and this cache with its misses on the CPU
+            total = pinned + window
+            runs.update(cpu_modes(model, args, cache_ext, total, pinned, window, rankings, steps_routes,
+                                  reference, head, warm))  # fmt: skip
         model.caches = [
             Cache(layer, args.experts, pinned, window, args.top_k, rankings[i], frequency)
             for i, layer in enumerate(layers)
@@ -445,9 +546,69 @@ def main(argv: list[str]) -> int:
     cache_ext.host_unregister(host_pool)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    ok = all(r.get("exact", True) and r.get("hits_equal_simulator", True) for r in runs.values())
+    exact = [r for r in runs.values() if "kl_gate" not in r]
+    gated = [r for r in runs.values() if "kl_gate" in r]
+    ok = all(r.get("exact", True) and r.get("hits_equal_simulator", True) for r in exact)
+    gate = all(r["kl_gate"] and r.get("hits_equal_simulator", True) for r in gated)
     print("ALL EXACT AND EQUAL TO THE SIMULATOR" if ok else "MISMATCH", flush=True)
-    return 0 if ok else 1
+    if gated:
+        print(f"split and hybrid: KL gate {'passed' if gate else 'FAILED'} (mean <= {args.max_kl} nats)", flush=True)
+    return 0 if ok and gate else 1
+
+
+def cpu_modes(model, args, cache_ext, total, pinned, window, rankings, steps_routes, reference, head, warm):
+    """split-N (the `total + top_k` hottest experts of a layer on the GPU, the rest on the CPU) and hybrid-N
+    (the pinned LRU cache of `total` + staging slots, its misses on the CPU), eager, each step from the resident
+    run's state before it."""
+    from glm53.plan.cache.policies import pinned_lru_step_hits
+
+    runs: dict[str, dict] = {}
+    gpu_count = total + args.top_k
+    model.gpu_experts = []
+    for ranking in rankings:
+        held = torch.zeros(args.experts, dtype=torch.bool)
+        held[torch.from_numpy(ranking[:gpu_count].copy())] = True
+        model.gpu_experts.append(held.cuda())
+    model.cpu_mode = "split"
+    model.cpu_selections = 0
+    out, seconds = model.run(args.steps, warm, graph=False, teacher=reference)
+    cpu_share = model.cpu_selections / (args.steps * args.layers * args.top_k)
+    runs[f"split-{total}/eager"] = {
+        "gpu_experts": gpu_count, "seconds": seconds, "cpu_share": cpu_share,
+        **gate(divergence(out, reference, head), args.max_kl),
+    }  # fmt: skip
+    print(f"split-{total}/eager", json.dumps(runs[f"split-{total}/eager"]), flush=True)
+    predicted = pinned_lru_step_hits(
+        steps_routes.astype(np.int64), args.experts, rankings, [pinned] * args.layers, [window] * args.layers
+    ).hits.sum(axis=0)
+    model.cpu_mode = "hybrid"
+    for gbps in (0.0, PCIE4_GBPS):
+        model.caches = [
+            Cache(layer, args.experts, pinned, window, args.top_k, rankings[i]) for i, layer in enumerate(model.layers)
+        ]
+        model.gbps = gbps
+        model.cpu_selections = 0
+        out, seconds = model.run(args.steps, warm, graph=False, teacher=reference)
+        state = torch.stack([c.state for c in model.caches]).cpu().numpy()
+        hits = state[:, cache_ext.STATE_HITS].tolist()
+        label = f"hybrid-{total}/eager{'-pcie4' if gbps else ''}"
+        runs[label] = {
+            "pinned": pinned, "window": window, "policy": "lru", "slots_per_layer": pinned + window + args.top_k,
+            "seconds": seconds, "hits": hits, "predicted_hits": predicted.tolist(),
+            "hits_equal_simulator": hits == predicted.tolist(),
+            "hit_rate": float(np.sum(hits)) / (args.steps * args.layers * args.top_k),
+            "cpu_share": model.cpu_selections / (args.steps * args.layers * args.top_k),
+            **gate(divergence(out, reference, head), args.max_kl),
+        }  # fmt: skip
+        print(label, json.dumps(runs[label]), flush=True)
+    model.caches = None
+    model.cpu_mode = None
+    model.gbps = 0.0
+    return runs
+
+
+def gate(divergence: dict[str, float], max_kl: float) -> dict:
+    return {**divergence, "exact": False, "kl_gate": divergence["kl_mean"] <= max_kl}
 
 
 if __name__ == "__main__":

@@ -226,3 +226,18 @@ def test_a_considered_exllamav3_release_names_its_wheel_and_its_evidence() -> No
         document, _, heading = release.evidence.partition(", ")
         text = (LOCK.parent / document).read_text()
         assert re.search(rf"^#+ {re.escape(heading.strip(chr(34)))}$", text, re.MULTILINE), release.evidence
+
+
+def test_a_considered_releases_measurements_are_the_runs_own() -> None:
+    """What the lock says was measured (the pin and the considered release, one call, one GPU) is what the run's
+    data file holds, entry for entry, and names both releases."""
+    pin = load_repro_lock(LOCK).engine.exllamav3
+    measured = [release for release in pin.considered if release.measured is not None]
+    assert measured  # 1.6.5 beside 1.4.6 on an H100
+    for release in measured:
+        assert release.measured is not None
+        data = json.loads((LOCK.parent / release.measured.data).read_text())
+        recorded = [check.model_dump() for check in release.measured.checks]
+        assert recorded == [{key: run[key] for key in recorded[0]} for run in data["version_check"]]
+        assert {check.exllamav3 for check in release.measured.checks} == {pin.version, release.version}
+        assert release.measured.command in json.dumps(data["commands"])

@@ -84,6 +84,25 @@ class WheelPin(_Strict):
     hash: str = Field(pattern=_SRI)
 
 
+class ReleaseCheck(_Strict):
+    """One release's `tools/exl3-version-check.py` result on the fixture, as a data file under benchmarks/ holds it."""
+
+    exllamav3: str
+    device: str
+    supports_tp: bool
+    pointer_tables: bool
+    load_seconds: float
+    decode_tok_s_median: float
+
+
+class ReleaseMeasurement(_Strict):
+    """The pin and a considered release checked in one call on one GPU (`data`: the file that holds the run)."""
+
+    data: str
+    command: str
+    checks: list[ReleaseCheck]
+
+
 class ConsideredRelease(_Strict):
     """A later ExLlamaV3 release weighed against the pin for the second engine, by its wheel, and why it is not
     (yet) the pin."""
@@ -92,6 +111,7 @@ class ConsideredRelease(_Strict):
     wheel_sha256: str = Field(pattern=_SHA256_HEX)
     decision: str
     evidence: str  # where the measurements and the reading behind the decision are (a docs section)
+    measured: ReleaseMeasurement | None = None
 
 
 class ExllamaPin(_Strict):

@@ -18,7 +18,8 @@ tables. Modes, all on the same routing trace and the same input:
     stream      no cache: every selected expert copied in every step (window 0), the simplest baseline
     split       ExLlamaV3's static CPU split: the `slots` hottest experts of a layer on the GPU, every other one
                 computed on the CPU by ExLlamaV3's own CPU kernel (exl3_moe_cpu_forward, the stock split's) from
-                the host pool, beside the GPU's share
+                the host pool, beside the GPU's share (handed over with a host wait, where the engine's split
+                uses a shared-memory ring: an upper bound on its hand-off)
     hybrid      the cache (pinned hottest + LRU window), its misses computed on the CPU by that kernel while the
                 promotion stream copies them into their slots for later steps (the recipe's pools)
     *-pcie4     the same with the fetch paced to a PCIe 4.0 x16 link (25 GB/s), the 2x3090 host's link

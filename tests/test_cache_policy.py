@@ -4,11 +4,14 @@ The lookup kernel takes its every decision from pkgs/exllamav3/expert-cache/poli
 the host (tests/support/cache_policy_replay.cpp, with this machine's g++, from the project's package list) steps
 traces exactly as the kernel does. Its hits per step must equal the simulator's that `glm53 plan` and
 `glm53 plan expert-cache-check` use: `pinned_lru_step_hits` for LRU with pinned slots, `decayed_frequency` for
-the frequency policy. On the GPU the kernel's counts were checked against the same simulator (docs/serve.md)."""
+the frequency policy. On the GPU the kernel's counts were checked against the same simulator (docs/serve.md).
+The replay also keeps the pointer tables as the kernel does (return_home, point_at_slot) and checks that every
+selection is computed from a slot that holds its expert."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -211,3 +214,59 @@ def test_the_serve_check_accepts_what_the_policy_code_counts(replay_program: Pat
     assert not check_cache_report(other, trace).equal
     with pytest.raises(BadInput, match="not an expert-cache report"):
         check_cache_report({**report, "policy": "lfu"}, trace)
+
+
+def _table_errors(
+    program: Path,
+    routes: np.ndarray,
+    experts: int,
+    policy: int,
+    window: int,
+    work: Path,
+    *,
+    pinned: int = 0,
+    rankings: np.ndarray | None = None,
+    home_in_step: bool = False,
+) -> int:
+    """Entries of the replayed pointer tables that name neither a slot holding their expert (where the engine's
+    kernels read them) nor, between steps, the expert's home copy (cache_policy_replay.cpp's check)."""
+    steps, layers, top_k = routes.shape
+    routes_file = work / "routes.bin"
+    routes.astype("<i8").tofile(routes_file)
+    argv = [str(program), str(routes_file), str(steps), str(layers), str(top_k), str(experts), str(policy)]
+    argv += [str(pinned), str(window), "1", repr(growth_rate(256.0))]
+    if rankings is not None:
+        rankings_file = work / "rankings.bin"
+        rankings.astype("<i8").tofile(rankings_file)
+        argv.append(str(rankings_file))
+    env = {**os.environ, "REPLAY_HOME_IN_STEP": "1" if home_in_step else "0"}
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("table_errors ")]
+    return int(line.split()[1])
+
+
+@pytest.mark.parametrize(
+    ("policy", "window", "pinned"),
+    [(LRU, 4, 0), (LRU, 6, 0), (LRU, 40, 0), (LRU, 20, 8), (FREQUENCY, 4, 0), (FREQUENCY, 40, 0)],
+)
+def test_every_selection_is_computed_from_a_slot_that_holds_it(
+    replay_program: Path, tmp_path: Path, policy: int, window: int, pinned: int
+) -> None:
+    """The kernel's table updates (policy.cuh's return_home and point_at_slot, in the kernel's order): after each
+    lookup every selected expert's gate, up and down entries name a slot holding its bytes, also when the window
+    is smaller than a step's selections and the expert leaves in the step that computes it; between steps every
+    entry names such a slot or the expert's home copy, which prefill reads."""
+    routes = _trace(3, experts=64, steps=400)
+    rankings = np.stack([np.argsort(-np.bincount(routes[:, i].ravel(), minlength=64), kind="stable") for i in range(3)])
+    errors = _table_errors(replay_program, routes, 64, policy, window, tmp_path, pinned=pinned, rankings=rankings)
+    assert errors == 0
+
+
+def test_returning_a_freed_expert_home_in_its_own_step_is_caught(replay_program: Path, tmp_path: Path) -> None:
+    """The order the kernel had before api 3: a window of 4 frees 4 of a step's 8 selections before they run, and
+    their entries named the home copy (in a host-resident engine, another layer's experts in the staging arena).
+    The check counts each of them, every step and layer; a window of at least a step's selections never frees one."""
+    routes = _trace(3, experts=64, steps=400)
+    steps, layers, _ = routes.shape
+    assert _table_errors(replay_program, routes, 64, LRU, 4, tmp_path, home_in_step=True) == steps * layers * 4
+    assert _table_errors(replay_program, routes, 64, LRU, 40, tmp_path, home_in_step=True) == 0

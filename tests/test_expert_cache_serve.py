@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -282,6 +283,61 @@ def test_cache_settings_reads_the_frequency_policy() -> None:
         with pytest.raises(BadInput, match=message) as caught:
             cache_settings({**base, **extra})
         assert fix in str(caught.value.fix), extra
+
+
+def test_cache_settings_reads_where_the_experts_live() -> None:
+    base = {"EXPERT_CACHE": "1", "EXPERT_CACHE_WINDOW": "80"}
+    assert cache_settings(base) == CacheSettings(80, 0, None)  # gpu: ExLlamaV3's own loader
+    assert cache_settings({**base, "EXPERT_CACHE_EXPERTS": "host"}) == CacheSettings(80, 0, None, experts="host")
+    with pytest.raises(BadInput, match="EXPERT_CACHE_EXPERTS=cpu is not one of gpu, host") as caught:
+        cache_settings({**base, "EXPERT_CACHE_EXPERTS": "cpu"})
+    assert "EXPERT_CACHE_EXPERTS=host" in str(caught.value.fix)
+
+
+class _ParsedHeaders:
+    """What the host loader reads of ExLlamaV3's SafetensorsCollection (exllamav3/loader/safetensors.py 1.4.6):
+    `tensor_file_map` (tensor name -> file) and `file_headers` (file -> its JSON header, with `_header_offset`,
+    the data section's start: 8 bytes of length, then the header)."""
+
+    def __init__(self, path: Path) -> None:
+        raw = path.read_bytes()
+        length = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + length])
+        header["_header_offset"] = 8 + length
+        self.tensor_file_map = {key: str(path) for key in header if key not in ("__metadata__", "_header_offset")}
+        self.file_headers = {str(path): header}
+
+
+def test_the_host_loader_reads_a_trellis_from_the_checkpoint_file(tmp_path: Path) -> None:
+    """A real safetensors file: each int16 trellis read at its offset is the tensor's bytes; another dtype or
+    rank is refused, naming the tensor and the file."""
+    from safetensors.numpy import save_file
+
+    from glm53.serve.engines.exllamav3.expert_cache import read_exactly, tensor_header
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        "layers.3.mlp.experts.0.gate_proj.trellis": rng.integers(-(2**15), 2**15, (4, 2, 48), dtype=np.int16),
+        "layers.3.mlp.experts.1.down_proj.trellis": rng.integers(-(2**15), 2**15, (2, 4, 48), dtype=np.int16),
+        "layers.3.mlp.experts.0.gate_proj.suh": np.ones(64, dtype=np.float16),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    stc = _ParsedHeaders(path)
+    with path.open("rb") as handle:
+        for key, tensor in tensors.items():
+            if not key.endswith(".trellis"):
+                with pytest.raises(RuntimeError, match=rf"{re.escape(key)} in {re.escape(str(path))}: F16 \[64\]"):
+                    tensor_header(stc, key)
+                continue
+            filename, shape, offset, nbytes = tensor_header(stc, key)
+            assert (filename, shape, nbytes) == (str(path), list(tensor.shape), tensor.nbytes)
+            into = np.zeros(nbytes + 6, dtype=np.uint8)  # read into the middle of a larger row, as into the pool
+            read_exactly(handle, offset, into[3 : 3 + nbytes])
+            assert into[3 : 3 + nbytes].view(np.int16).reshape(tensor.shape).tolist() == tensor.tolist()
+            assert into[:3].tolist() == [0, 0, 0] and into[-3:].tolist() == [0, 0, 0]
+        with pytest.raises(RuntimeError, match="bytes missing at offset"):
+            read_exactly(handle, path.stat().st_size - 4, np.zeros(16, dtype=np.uint8))
 
 
 def test_a_superscript_window_is_badinput() -> None:
@@ -737,7 +793,7 @@ def test_the_runner_hooks_nothing_until_exllamav3_is_imported(tmp_path: Path, pr
     found = tmp_path / "found"
     found.mkdir()
     (found / "glm53_expert_cache.py").write_text(
-        "raise ImportError('a stand-in is only found, never imported')\n# <glm53_expert_cache api 2>\n"
+        "raise ImportError('a stand-in is only found, never imported')\n# <glm53_expert_cache api 3>\n"
     )
     done = _runner(
         tmp_path,
@@ -760,14 +816,15 @@ def test_the_runner_hooks_nothing_until_exllamav3_is_imported(tmp_path: Path, pr
 def test_a_cache_module_built_from_older_sources_is_refused_before_the_program_runs(
     tmp_path: Path, program: Path
 ) -> None:
-    """A module without this runner's API marker (built before the policy arguments): exit 3 naming it and the
+    """A module without this runner's API marker (api 2: built before freed experts' entries waited for the next
+    lookup): exit 3 naming it and the
     rebuild, found without importing it. The marker is in the real build (expert_cache.cu's API_MARKER)."""
     source = (Path(__file__).resolve().parents[1] / "pkgs/exllamav3/expert-cache/expert_cache.cu").read_text()
     assert f'API_MARKER = "{EXPERT_CACHE_MARKER.decode()}"' in source
     found = tmp_path / "found"
     found.mkdir()
     (found / "glm53_expert_cache.py").write_text(
-        "raise ImportError('found, never imported')\n# <glm53_expert_cache api 1>\n"
+        "raise ImportError('found, never imported')\n# <glm53_expert_cache api 2>\n"
     )
     env = {"EXPERT_CACHE": "1", "EXPERT_CACHE_WINDOW": "4"}
     done = _runner(tmp_path, "--report", str(tmp_path / REPORT_NAME), str(program), "0", env=env, paths=(found,))

@@ -5,7 +5,7 @@
 #
 #   tools/exl3-gpu-run.sh OUT STAGE...     stages: setup build build-cache fixture diag check serve routing sweep-cost
 #                                                 cache-bench cache-generate build165 version-check engine-wheels
-#                                                 install-engine prebuilt
+#                                                 install-engine prebuilt host-check
 #
 # Needs: python3 with torch (CUDA) and transformers >= 5.17; WHEELS (default .whl) holding ExLlamaV3 1.4.6 and
 # the packages the machine lacks; TABBY (default .gpu/tabby) holding TabbyAPI's source at the pinned commit.
@@ -18,7 +18,9 @@
 # while TabbyAPI serves (`glm53 serve --capture-routing OUT/capture`) and compare it with glm53's replay; CACHE=1
 # serves through glm53's GPU expert cache (EXPERT_CACHE=1, WINDOW slots a layer) and, with CAPTURE=1, checks its
 # hit counts against the simulator on the routing it served (`glm53 plan expert-cache-check`); POLICY=frequency
-# (with HALF_LIFE, RECENT) serves the cache's decayed-frequency policy instead of LRU.
+# (with HALF_LIFE, RECENT) serves the cache's decayed-frequency policy instead of LRU; EXPERTS=host keeps the routed
+# experts in host memory only (EXPERT_CACHE_EXPERTS=host). Stage host-check (after fixture) compares host-resident
+# experts with the stock engine pass by pass and measures the VRAM they save (tools/exl3-host-experts-check.py).
 # Stage sweep-cost times the engine's own sweep over 1 to 42 layers of 16 to 256 experts (OUT/sweep-cost.json);
 # it needs only setup and build. Stage build-cache compiles glm53's GPU expert cache (pkgs/exllamav3/expert-cache)
 # into glm53_expert_cache beside exllamav3_ext; stage cache-bench (setup, build, build-cache) runs
@@ -116,6 +118,12 @@ for stage in "$@"; do
       ${CACHE_ARGS:-} 2>&1 | tee "$out/cache-generate.log" | tail -30 | cut -c1-1500
     echo "cache-generate rc=${PIPESTATUS[0]}"
     ;;
+  host-check)
+    stamp host-check
+    timeout ${CACHE_TIMEOUT:-300} python3 "$root/tools/exl3-host-experts-check.py" --model "$model" \
+      --out "$out/host-experts.json" ${CACHE_ARGS:-} 2>&1 | tee "$out/host-check.log" | tail -12 | cut -c1-2000
+    echo "host-check rc=${PIPESTATUS[0]}"
+    ;;
   fixture)
     stamp fixture
     python3 "$root/tools/make-exl3-fixture.py" --work "$work/fx" --export "$work/fx-export" >"$out/fixture.log" 2>&1
@@ -168,6 +176,8 @@ for stage in "$@"; do
     # POLICY=frequency: the decayed-frequency policy (HALF_LIFE, RECENT: its settings, when given)
     [ -n "${CACHE:-}" ] && [ -n "${POLICY:-}" ] && cache_args+=(--set EXPERT_CACHE_POLICY=$POLICY \
       ${HALF_LIFE:+--set EXPERT_CACHE_HALF_LIFE=$HALF_LIFE} ${RECENT:+--set EXPERT_CACHE_RECENT=$RECENT})
+    # EXPERTS=host: the routed experts in host memory only (EXPERT_CACHE_EXPERTS)
+    [ -n "${CACHE:-}" ] && [ -n "${EXPERTS:-}" ] && cache_args+=(--set EXPERT_CACHE_EXPERTS=$EXPERTS)
     args=(serve --profile exl3-1gpu --model-dir "$model" --port 8011 --set MAX_MODEL_LEN=4096 --set CHUNK_SIZE=2048
       --set EXL3_MOE_CPU_SPLIT=$split --set EXL3_MOE_CPU_THREADS=8 "${cache_args[@]}"
       ${CAPTURE:+--capture-routing "$out/capture"} ${SERVE_ARGS:-})

@@ -22,11 +22,12 @@ using namespace glm53_cache;
 
 namespace {
 
-// What this build's lookup takes (the policy arguments came with api 2). The runner finds this text in the built
-// module without importing it (glm53.serve.engines.exllamav3.expert_cache.EXTENSION_API): a module built from
-// older sources is refused before TabbyAPI starts, not at the first decode step.
-constexpr int API_VERSION = 2;
-constexpr const char* API_MARKER = "<glm53_expert_cache api 2>";
+// What this build's lookup takes and does (the policy arguments came with api 2; api 3 returns a freed expert's
+// entries to its home copy at the next lookup, not in the step that still computes it). The runner finds this
+// text in the built module without importing it (glm53.serve.engines.exllamav3.expert_cache.EXTENSION_API): a
+// module built from older sources is refused before TabbyAPI starts, not at the first decode step.
+constexpr int API_VERSION = 3;
+constexpr const char* API_MARKER = "<glm53_expert_cache api 3>";
 
 constexpr int LOOKUP_THREADS = 256;
 constexpr int MAX_SELECTED = 128;    // one step's selections of one layer (rows x top_k)
@@ -38,21 +39,6 @@ __device__ __forceinline__ uint64_t global_timer_ns()
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-
-struct Tables
-{
-    int64_t* gate;
-    int64_t* up;
-    int64_t* down;
-    // Where a freed expert's entries go back to (null: left as they are). While an engine keeps another
-    // copy of every expert, paths that bypass the lookup (prefill's exl3_moe) then read that copy.
-    const int64_t* home_gate;
-    const int64_t* home_up;
-    const int64_t* home_down;
-    int64_t offset_gate;
-    int64_t offset_up;
-    int64_t offset_down;
-};
 
 __global__ void lookup_kernel
 (
@@ -70,17 +56,17 @@ __global__ void lookup_kernel
     __shared__ unsigned char evict[MAX_SLOTS];
     __shared__ StepResult result;
 
+    // The experts freed by the last step go home now, before this step may admit another expert into their slot.
+    if (tables.home_gate)
+    {
+        for (int e = threadIdx.x; e < d.experts; e += blockDim.x) return_home(d, tables, e);
+        __syncthreads();
+    }
     if (threadIdx.x == 0)
     {
         result = look_up(selected, n, d, miss_expert, miss_slot);
         for (int i = 0; i < result.misses; ++i)
-        {
-            uint8_t* base = slot_base + miss_slot[i] * slot_bytes;
-            const int e = miss_expert[i];
-            tables.gate[e] = (int64_t) (base + tables.offset_gate);
-            tables.up[e] = (int64_t) (base + tables.offset_up);
-            tables.down[e] = (int64_t) (base + tables.offset_down);
-        }
+            point_at_slot(tables, miss_expert[i], (int64_t) (slot_base + miss_slot[i] * slot_bytes));
         *miss_count = result.misses;
     }
     __syncthreads();
@@ -88,14 +74,7 @@ __global__ void lookup_kernel
     __syncthreads();
     for (int s = threadIdx.x; s < d.slots; s += blockDim.x)
     {
-        if (!evict[s]) continue;
-        const int e = release(d, s);
-        if (tables.home_gate)
-        {
-            tables.gate[e] = tables.home_gate[e];
-            tables.up[e] = tables.home_up[e];
-            tables.down[e] = tables.home_down[e];
-        }
+        if (evict[s]) release(d, s);  // its table entries still name the slot until the next lookup
     }
     __syncthreads();
     if (threadIdx.x == 0) d.state[STATE_T0] = (int64_t) global_timer_ns();

@@ -10,9 +10,10 @@
 //                     (decayed_frequency). A just-used expert that loses to every resident one is computed from
 //                     its staging slot and not kept.
 //
-// A step: look_up (one thread) admits the misses into free slots, then evicts (one call per slot, in parallel on
-// the GPU) says which resident slots leave, and release frees them. Between steps every policy holds at most
-// `window` unpinned experts, so `window + selections` unpinned slots always suffice.
+// A step: return_home (one call per expert) gives the last step's freed experts their home entries back, look_up
+// (one thread) admits the misses into free slots and point_at_slot names them in the tables, then evicts (one call
+// per slot, in parallel on the GPU) says which resident slots leave, and release frees them. Between steps every
+// policy holds at most `window` unpinned experts, so `window + selections` unpinned slots always suffice.
 #pragma once
 
 #include <cstdint>
@@ -165,6 +166,42 @@ GLM53_HD bool evicts(const Directory& d, int s, const StepResult& r)
     const int64_t t = d.stamp[s];
     for (int o = d.pinned; o < d.slots; ++o) ahead += (d.expert_of_slot[o] >= 0 && d.stamp[o] > t);
     return ahead >= d.window;
+}
+
+// A layer's pointer tables (one gate, up and down entry per expert, read by the engine's kernels) and where a
+// freed expert's entries go back to (null: left as they are). An expert freed in the step that selected it (a
+// window smaller than a step's selections, or the frequency policy's computed-from-staging) is still computed
+// from its slot, whose bytes stay until a later lookup admits another expert there; so its entries go home at the
+// start of the next lookup (return_home), not when it is freed. Paths that bypass the lookup (prefill's
+// exl3_moe, run_single_expert) read the home copy: resident experts, or the staging arena of host-resident ones.
+struct Tables
+{
+    int64_t* gate;
+    int64_t* up;
+    int64_t* down;
+    const int64_t* home_gate;
+    const int64_t* home_up;
+    const int64_t* home_down;
+    int64_t offset_gate;
+    int64_t offset_up;
+    int64_t offset_down;
+};
+
+// A just-admitted expert's entries name its slot (the slot's address in the pool).
+GLM53_HD void point_at_slot(const Tables& t, int e, int64_t slot_address)
+{
+    t.gate[e] = slot_address + t.offset_gate;
+    t.up[e] = slot_address + t.offset_up;
+    t.down[e] = slot_address + t.offset_down;
+}
+
+// Before a lookup admits anything: an expert no longer resident gets its home entries back.
+GLM53_HD void return_home(const Directory& d, const Tables& t, int e)
+{
+    if (!t.home_gate || d.slot_of_expert[e] >= 0 || t.gate[e] == t.home_gate[e]) return;
+    t.gate[e] = t.home_gate[e];
+    t.up[e] = t.home_up[e];
+    t.down[e] = t.home_down[e];
 }
 
 // Frees slot s; returns the expert that left.

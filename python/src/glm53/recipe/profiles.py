@@ -541,6 +541,14 @@ _SPECS: tuple[KeySpec, ...] = (
         bounds=(0, 1 << 20),
     ),
     _env(
+        "EXPERT_CACHE_EXPERTS",
+        "where the routed experts' home copies are: gpu (ExLlamaV3's loader, every expert on a GPU too) or host "
+        "(read from the checkpoint into host memory only; one layer staged on the GPU for prefill)",
+        recipe=False,
+        engines=_EXL3,
+        choices=("gpu", "host"),
+    ),
+    _env(
         "EXPERT_CACHE_HALF_LIFE",
         "frequency policy: steps over which an expert's count decays by half (default 256)",
         "float",

@@ -21,9 +21,14 @@ which hooks ExLlamaV3 1.4.6's classes once the program imports `exllamav3` (as t
 - `Generator.on_queue_drained`: the hit, miss and overflow counts of every layer go to --report (JSON, replaced
   atomically) and one line to stderr.
 
-ExLlamaV3's loader is unchanged: every routed expert is still loaded to the GPU as well (their home copies), so
-this runs the cache's policy, copies and exactness inside the engine but does not yet save VRAM (docs/serve.md,
-"The GPU expert cache"). Only torch, ExLlamaV3 and the cache's extension are imported, and only in that process.
+EXPERT_CACHE_EXPERTS says where the experts' home copies are. `gpu` (default): ExLlamaV3's loader is unchanged
+and every routed expert is loaded to the GPU as well; the host pool is filled from those copies at the layer's
+first decode step. `host` (the VRAM the cache saves): the loader reads each routed expert's trellis from the
+checkpoint straight into its layer's host pool and never allocates it on a GPU. Every layer's expert tensors and
+home table entries address one staging arena a GPU (one layer's experts), which `HostExperts.stage` refills
+from the layer's host pool before any pass the cache does not serve (prefill, several sequences at once, the
+loader's own measuring passes), on the engine's stream, so those passes read exactly the checkpoint's bytes.
+Only torch, ExLlamaV3 and the cache's extension are imported, and only in that process.
 """
 
 from __future__ import annotations
@@ -49,12 +54,14 @@ from glm53.serve.engines.exllamav3.routing import after_import
 
 REPORT_NAME = "expert-cache.json"
 EXTENSION = "glm53_expert_cache"
-# The lookup arguments this runner passes (API_VERSION in expert_cache.cu), found as text in the built module.
-EXTENSION_API = 2
+# The lookup this runner needs (API_VERSION in expert_cache.cu: 2 took the policy arguments, 3 returns a freed
+# expert's table entries home at the next lookup), found as text in the built module.
+EXTENSION_API = 3
 EXTENSION_MARKER = f"<glm53_expert_cache api {EXTENSION_API}>".encode()
 
 
 POLICIES = ("lru", "frequency")  # policy.cuh's POLICY_LRU, POLICY_FREQUENCY, in that order
+HOMES = ("gpu", "host")  # EXPERT_CACHE_EXPERTS: where the routed experts' home copies are
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class CacheSettings:
     policy: str = "lru"
     recent: int = DEFAULT_RECENT
     half_life: float = DEFAULT_HALF_LIFE
+    experts: str = "gpu"  # HOMES
 
     @property
     def rate(self) -> float:
@@ -129,7 +137,15 @@ def cache_settings(env: Mapping[str, str]) -> CacheSettings | None:
         )
     if stats is not None:
         read_rankings(stats)  # refused now, not when the model loads
-    return CacheSettings(window=window, pinned=pinned, stats=stats, policy=policy, recent=recent, half_life=half_life)
+    experts = env.get("EXPERT_CACHE_EXPERTS") or "gpu"
+    if experts not in HOMES:
+        raise BadInput(
+            f"EXPERT_CACHE_EXPERTS={experts} is not one of {', '.join(HOMES)}",
+            fix="--set EXPERT_CACHE_EXPERTS=host (experts in host memory only) or gpu (ExLlamaV3's own loader)",
+        )
+    return CacheSettings(
+        window=window, pinned=pinned, stats=stats, policy=policy, recent=recent, half_life=half_life, experts=experts
+    )
 
 
 def _half_life(raw: str) -> float:
@@ -187,7 +203,11 @@ def _finite_counts(counts: object) -> list[float] | None:
 class LayerExpertCache:
     """One MoE layer's cache: host pool, slots, directory, and the layer's live pointer tables."""
 
-    def __init__(self, mlp: Any, settings: CacheSettings, ranking: Sequence[int], ext: Any) -> None:
+    def __init__(
+        self, mlp: Any, settings: CacheSettings, ranking: Sequence[int], ext: Any, host: HostLayer | None = None
+    ) -> None:
+        """`host`: the layer's experts are host-resident (EXPERT_CACHE_EXPERTS=host) and this is their pool;
+        without it the pool is filled from the experts' GPU copies."""
         import torch  # heavy: only inside the engine's process
 
         self.ext = ext
@@ -198,6 +218,8 @@ class LayerExpertCache:
         self.offsets = [0, sizes[0], sizes[0] + sizes[1]]
         self.slot_bytes = sum(sizes)
         device = parts[0].device
+        if host is not None and (host.offsets, host.slot_bytes) != (self.offsets, self.slot_bytes):
+            raise RuntimeError(f"{mlp.key}: the host pool's expert layout differs from the layer's tensors")
         self.pinned, self.window, self.top_k = settings.pinned, settings.window, top_k
         if self.pinned + self.window > experts:
             raise BadInput(
@@ -209,11 +231,15 @@ class LayerExpertCache:
         self.tables = [mlp.multi_gate.ptrs_trellis, mlp.multi_up.ptrs_trellis, mlp.multi_down.ptrs_trellis]
         self.home = [t.clone() for t in self.tables]
         # every expert once, gate|up|down, exact size (no power-of-two rounding), page-locked and mapped
-        self.host = torch.empty((experts, self.slot_bytes), dtype=torch.uint8)
-        for e in range(experts):
-            row = [gate[e].inner.trellis, up[e].inner.trellis, down[e].inner.trellis]
-            self.host[e].copy_(torch.cat([t.contiguous().view(torch.uint8).flatten() for t in row]).cpu())
-        self.host_address = ext.host_register(self.host)
+        self.owns_host = host is None
+        if host is not None:
+            self.host, self.host_address = host.pool, host.address
+        else:
+            self.host = torch.empty((experts, self.slot_bytes), dtype=torch.uint8)
+            for e in range(experts):
+                row = [gate[e].inner.trellis, up[e].inner.trellis, down[e].inner.trellis]
+                self.host[e].copy_(torch.cat([t.contiguous().view(torch.uint8).flatten() for t in row]).cpu())
+            self.host_address = ext.host_register(self.host)
         self.pool = torch.empty((slots, self.slot_bytes), dtype=torch.uint8, device=device)
         self.slot_of = torch.full((experts,), -1, dtype=torch.int32, device=device)
         self.expert_of = torch.full((slots,), -1, dtype=torch.int32, device=device)
@@ -264,7 +290,116 @@ class LayerExpertCache:
         }
 
     def close(self) -> None:
-        self.ext.host_unregister(self.host)
+        if self.owns_host:
+            self.ext.host_unregister(self.host)
+
+
+class HostLayer:
+    """One MoE layer's routed experts in host memory only: every expert's gate|up|down trellis read from the
+    checkpoint into one page-locked, mapped pool (the cache's host pool), laid out as the cache's slots are."""
+
+    def __init__(self, key: str, experts: int, shapes: Sequence[Sequence[int]], device: Any, ext: Any) -> None:
+        import torch  # heavy: only inside the engine's process
+
+        self.key, self.experts, self.shapes, self.device = key, experts, [tuple(s) for s in shapes], device
+        self.part_bytes = [math.prod(shape) * 2 for shape in self.shapes]  # int16 trellis
+        self.offsets = [0, self.part_bytes[0], self.part_bytes[0] + self.part_bytes[1]]
+        self.slot_bytes = sum(self.part_bytes)
+        self.pool = torch.empty((experts, self.slot_bytes), dtype=torch.uint8)
+        self.address = ext.host_register(self.pool)
+        self.ext = ext
+
+    def close(self) -> None:
+        self.ext.host_unregister(self.pool)
+
+
+class HostExperts:
+    """EXPERT_CACHE_EXPERTS=host: the routed experts' trellis in host memory only (`HostLayer`, one a MoE layer),
+    and one staging arena a GPU, one layer's experts, that the layers' expert tensors address."""
+
+    def __init__(self, ext: Any) -> None:
+        self.ext = ext
+        self.layers: dict[str, HostLayer] = {}
+        self.arenas: dict[int, Any] = {}
+        self.files: dict[str, Any] = {}
+
+    def trellis(self, mlp: Any, part: int, expert: int, stc: Any, key: str, device: Any) -> Any:
+        """The expert's trellis as the engine will address it (a view of the device's arena), its bytes read from
+        the checkpoint into the layer's host pool."""
+        import torch  # heavy: only inside the engine's process
+
+        layer = self.layers.get(mlp.key)
+        if layer is None:
+            shapes = [tensor_header(stc, linears[0].key + ".trellis")[1] for linears in (mlp.gates, mlp.ups, mlp.downs)]
+            layer = self.layers[mlp.key] = HostLayer(mlp.key, int(mlp.num_experts), shapes, device, self.ext)
+        filename, shape, offset, nbytes = tensor_header(stc, key)
+        if tuple(shape) != layer.shapes[part]:
+            raise RuntimeError(f"{key}: shape {shape} differs from the layer's {layer.shapes[part]}")
+        start = layer.offsets[part]
+        handle = self.files.get(filename)
+        if handle is None:
+            handle = self.files[filename] = open(filename, "rb")  # noqa: SIM115 (kept for the load)
+        read_exactly(handle, offset, layer.pool[expert].numpy()[start : start + nbytes])
+        arena = self.arena(torch.device(device), layer.experts * layer.slot_bytes)
+        begin = expert * layer.slot_bytes + start
+        return arena[begin : begin + nbytes].view(torch.int16).view(tuple(shape))
+
+    def arena(self, device: Any, size: int) -> Any:
+        import torch  # heavy: only inside the engine's process
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        arena = self.arenas.get(index)
+        if arena is None:
+            arena = self.arenas[index] = torch.empty(size, dtype=torch.uint8, device=device)
+        if arena.numel() < size:
+            raise RuntimeError(f"a MoE layer's experts take {size} bytes, more than the first layer's {arena.numel()}")
+        return arena
+
+    def stage(self, key: str) -> None:
+        """Before a pass the cache does not serve: the device's arena holds this layer's experts (copied from its
+        host pool on the engine's stream, so the pass's kernels read them after the copy)."""
+        layer = self.layers.get(key)
+        if layer is None:
+            return
+        # every time, not only when another layer was staged last: a pass captured into a CUDA graph replays
+        # this copy, where a skipped one would replay nothing
+        self.arenas[_device_index(layer.device)][: layer.pool.numel()].copy_(layer.pool.view(-1), non_blocking=True)
+
+    def drop(self, key: str) -> None:
+        """The layer was unloaded: its host pool is released."""
+        layer = self.layers.pop(key, None)
+        if layer is not None:
+            layer.close()
+
+
+def _device_index(device: Any) -> int:
+    import torch  # heavy: only inside the engine's process
+
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def tensor_header(stc: Any, key: str) -> tuple[str, list[int], int, int]:
+    """(file, shape, absolute byte offset, byte size) of an int16 tensor, from ExLlamaV3's parsed safetensors
+    headers (SafetensorsCollection.tensor_file_map / file_headers)."""
+    filename = stc.tensor_file_map[key]
+    header = stc.file_headers[filename]
+    entry = header[key]
+    begin, end = entry["data_offsets"]
+    if entry["dtype"] != "I16" or len(entry["shape"]) != 3 or math.prod(entry["shape"]) * 2 != end - begin:
+        raise RuntimeError(f"{key} in {filename}: {entry['dtype']} {entry['shape']} is not an EXL3 trellis")
+    return filename, list(entry["shape"]), header["_header_offset"] + begin, end - begin
+
+
+def read_exactly(handle: Any, offset: int, into: Any) -> None:
+    """Fill `into` (a writable buffer) with the file's bytes at `offset`; a short read is an error."""
+    view = memoryview(into).cast("B")
+    done = 0
+    while done < len(view):
+        count = os.preadv(handle.fileno(), [view[done:]], offset + done)
+        if count <= 0:
+            raise RuntimeError(f"{handle.name}: {len(view) - done} bytes missing at offset {offset + done}")
+        done += count
 
 
 class CacheRuntime:
@@ -275,6 +410,7 @@ class CacheRuntime:
         self.report = report
         self.ext = ext
         self.rankings = read_rankings(settings.stats) if settings.stats is not None else {}
+        self.host = HostExperts(ext) if settings.experts == "host" else None
         self.layers: dict[str, LayerExpertCache] = {}
         self.skipped: set[str] = set()
         self.lock = threading.Lock()
@@ -290,8 +426,9 @@ class CacheRuntime:
         ranking = self.rankings.get(mlp.key)
         if self.settings.pinned and ranking is None:
             raise BadInput(f"EXPERT_CACHE_STATS {self.settings.stats} has no counts for {mlp.key}")
+        host = self.host.layers.get(mlp.key) if self.host is not None else None
         with torch.inference_mode():  # the engine's tables are inference tensors
-            cache = LayerExpertCache(mlp, self.settings, ranking or [], self.ext)
+            cache = LayerExpertCache(mlp, self.settings, ranking or [], self.ext, host)
         with self.lock:
             self.layers[mlp.key] = cache
         return cache
@@ -300,6 +437,8 @@ class CacheRuntime:
         cache = self.layers.pop(getattr(mlp, "key", ""), None)
         if cache is not None:
             cache.close()
+        if self.host is not None:
+            self.host.drop(getattr(mlp, "key", ""))
 
     def write_report(self) -> dict[str, Any]:
         with self.lock:
@@ -343,15 +482,24 @@ def _hook(runtime: CacheRuntime) -> None:
     original_init = BlockSparseMLP.__init__
     original_unload = BlockSparseMLP.unload
     original_drained = Generator.on_queue_drained
+    host = runtime.host
+    if host is not None:
+        _hook_loader(host)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         routing_fn = getattr(self, "routing_fn", None)
         if routing_fn is None:
             return
+        if host is not None and self.gates and len(self.gates) == len(self.ups) == len(self.downs):
+            # the loader reads these experts' trellis into host memory (_hook_loader)
+            for part, linears in enumerate((self.gates, self.ups, self.downs)):
+                for expert, linear in enumerate(linears):
+                    linear.glm53_host_expert = (self, part, expert)
 
         def routed(bsz: Any, cfg: Any, y: Any, params: dict[str, Any]) -> Any:
             selected, weights = routing_fn(bsz, cfg, y, params)
+            served = False
             if selected.shape[0] == 1 and not params.get("autosplit_measure") and selected.is_cuda:
                 cache = runtime.layers.get(self.key)
                 if cache is None and self.key not in runtime.skipped:
@@ -360,6 +508,9 @@ def _hook(runtime: CacheRuntime) -> None:
                     cache = runtime.attach(self)
                 if cache is not None:
                     cache.resolve(selected)
+                    served = True
+            if host is not None and not served:
+                host.stage(self.key)  # this pass reads the experts' home copies: the layer's, staged
             return selected, weights
 
         self.routing_fn = routed
@@ -375,6 +526,37 @@ def _hook(runtime: CacheRuntime) -> None:
     BlockSparseMLP.__init__ = init  # type: ignore[method-assign]
     BlockSparseMLP.unload = unload  # type: ignore[method-assign]
     Generator.on_queue_drained = on_queue_drained  # type: ignore[method-assign]
+
+
+def _hook_loader(host: HostExperts) -> None:
+    """EXPERT_CACHE_EXPERTS=host: a routed expert's trellis is read into its layer's host pool, and the engine
+    gets a view of the GPU's staging arena in its place (never a GPU copy of its own)."""
+    from exllamav3.loader.safetensors import SafetensorsCollection  # heavy: the engine
+    from exllamav3.modules.linear import Linear  # heavy: the engine
+
+    original_load_exl3 = Linear.load_exl3
+    original_get_tensor = SafetensorsCollection.get_tensor
+    loading = threading.local()
+
+    def load_exl3(self: Any, key: str) -> bool:
+        target = getattr(self, "glm53_host_expert", None)
+        if target is None or self.device is None or str(self.device).startswith("cpu"):
+            return bool(original_load_exl3(self, key))
+        loading.target = (target, key + ".trellis", self.device)
+        try:
+            return bool(original_load_exl3(self, key))
+        finally:
+            loading.target = None
+
+    def get_tensor(self: Any, key: str, *args: Any, **kwargs: Any) -> Any:
+        target = getattr(loading, "target", None)
+        if target is not None and target[1] == key and key in self.tensor_file_map:
+            (mlp, part, expert), _, device = target
+            return host.trellis(mlp, part, expert, self, key, device)
+        return original_get_tensor(self, key, *args, **kwargs)
+
+    Linear.load_exl3 = load_exl3  # type: ignore[method-assign]
+    SafetensorsCollection.get_tensor = get_tensor  # type: ignore[method-assign]
 
 
 def _stale_extension(origin: str | None) -> str | None:
@@ -416,7 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if spec is not None and (stale := _stale_extension(spec.origin)) is not None:
         print(
             f"error: {stale} was built from older sources than this glm53 (its lookup lacks api "
-            f"{EXTENSION_API}: the cache's policies)\n"
+            f"{EXTENSION_API}: the cache's policies and its freed experts' table entries kept until the next "
+            "lookup)\n"
             "fix: rebuild it with pkgs/exllamav3/build_ext.py (`glm53 repro install-engine NEW_DIR` builds both "
             "extensions), or EXPERT_CACHE=0",
             file=sys.stderr,

@@ -50,9 +50,8 @@ def main() -> int:
 
     import numpy as np
     import torch
+    from exl3_greedy_jobs import greedy_jobs  # this folder's
     from exllamav3 import Cache, Config, Generator, Model, Tokenizer
-    from exllamav3.generator import Job
-    from exllamav3.generator.sampler import ArgmaxSampler
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
     from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
@@ -110,24 +109,8 @@ def main() -> int:
     )
 
     def generate() -> tuple[list[list[int]], float]:
-        rng = torch.Generator().manual_seed(5)
-        tokens: list[list[int]] = []
         t0 = time.perf_counter()
-        for index in range(args.jobs):
-            prompt = torch.randint(2, max(3, vocab - 16), (1, args.prompt), generator=rng)
-            generator.enqueue(
-                Job(
-                    input_ids=prompt, max_new_tokens=args.new, min_new_tokens=args.new, sampler=ArgmaxSampler(),
-                    stop_conditions=[], identifier=index,
-                )
-            )  # fmt: skip
-            out: list[int] = []
-            while generator.num_remaining_jobs():
-                for result in generator.iterate():
-                    if result.get("stage") == "streaming" and "token_ids" in result:
-                        out += result["token_ids"].view(-1).tolist()
-            tokens.append(out)
-        torch.cuda.synchronize()
+        tokens = greedy_jobs(generator, args.jobs, args.prompt, args.new, vocab)
         return tokens, time.perf_counter() - t0
 
     # A first stock run fills the generator's page cache (prefix reuse): the two compared runs then see the same.

@@ -44,9 +44,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
+    from exl3_greedy_jobs import greedy_jobs  # this folder's
     from exllamav3 import Cache, Config, Generator, Model, Tokenizer
-    from exllamav3.generator import Job
-    from exllamav3.generator.sampler import ArgmaxSampler
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
     from glm53.serve.engines.exllamav3.expert_cache import CacheRuntime, CacheSettings, LayerExpertCache, _hook
@@ -82,24 +81,7 @@ def main() -> int:
         return model, cache, generator, seconds, int(torch.cuda.memory_allocated() - before)
 
     def generate(generator: Any) -> list[list[int]]:
-        rng = torch.Generator().manual_seed(5)
-        tokens = []
-        for index in range(args.jobs):
-            prompt = torch.randint(2, max(3, vocab - 16), (1, args.prompt), generator=rng)
-            generator.enqueue(
-                Job(
-                    input_ids=prompt, max_new_tokens=args.new, min_new_tokens=args.new, sampler=ArgmaxSampler(),
-                    stop_conditions=[], identifier=index,
-                )
-            )  # fmt: skip
-            out: list[int] = []
-            while generator.num_remaining_jobs():
-                for result in generator.iterate():
-                    if result.get("stage") == "streaming" and "token_ids" in result:
-                        out += result["token_ids"].view(-1).tolist()
-            tokens.append(out)
-        torch.cuda.synchronize()
-        return tokens
+        return greedy_jobs(generator, args.jobs, args.prompt, args.new, vocab)
 
     def replay(model: Any, before: Any = None) -> list[Any]:
         layers = {key: model.find_module(key) for key in {key for key, _, _ in recorded}}

@@ -11,7 +11,9 @@ Inputs, each printed with its source:
   (routing to the host and back) + the CPU-computed experts x a cost each, fitted over those runs. The 3090 host's
   own CPU is not measured: these rows assume one like the H100 host's at the same thread count;
 - the slots per layer: `glm53 plan expert-cache` at the expert memory ExLlamaV3's planner leaves each 3090
-  (`glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090`: 1,848 resident experts' worth a GPU);
+  (`glm53 plan host --profile exl3-2x3090 --rig recipe-2x3090`: 1,848 resident experts' worth a GPU), less the
+  staging arena of host-resident experts (one layer's 288 experts a GPU, which prefill reads), as
+  `glm53 plan host --expert-cache` sizes it;
 - the hit rate: that cache replayed over a synthetic GLM-5.3-shaped trace (the real model's routing is not
   public), plain LRU, the recipe's 20% pinned and a 0.4 share, held-out after the rankings' learning part, and
   the kernel's decayed-frequency policy at half-lives 64, 256 and 1,024 (its lookup timed in the same run: its
@@ -98,7 +100,8 @@ def main() -> int:
     resident, overhead, worst = fitted_overhead(report)
     cpu = fitted_cpu_cost(report)
     model = load_architecture()
-    size = size_cache(model, EXPERT_BUDGET_PER_3090, gpus=2)
+    arena = model.n_routed_experts * model.expert_bytes  # EXPERT_CACHE_EXPERTS=host: one layer's experts a GPU
+    size = size_cache(model, EXPERT_BUDGET_PER_3090 - arena, gpus=2)
     cost = build_cost_model(
         model,
         derive_kv(model, 1),
@@ -139,7 +142,9 @@ def main() -> int:
             table.add_row("hybrid: 20% pinned, misses on the CPU", f"{rate:.1%}", "0", f"{1 / seconds:.1f}")
     if cpu is not None:
         fixed, per_expert, _ = cpu
-        held = size.slots + size.staging
+        # the stock split keeps its GPU experts resident: no arena, the whole budget (slots + staging at 0 arena)
+        whole = size_cache(model, EXPERT_BUDGET_PER_3090, gpus=2)
+        held = whole.slots + whole.staging
         future = trace.routes[cut:]
         on_gpu = sum(np.isin(future[:, i, :], rankings[i][:held]).sum() for i in range(layers)) / future.size
         seconds = cost.gpu_seconds_per_token + layers * fixed + (1 - on_gpu) * lookups * per_expert

@@ -421,9 +421,11 @@ def test_plan_host_sizes_the_cache_from_the_gpu_budget() -> None:
     assert used <= cache["cache_bytes_per_gpu"]
     more = cache["layers_per_gpu"] * (cache["slots"] + 1 + cache["staging"]) * cache["slot_bytes"]
     assert more > cache["cache_bytes_per_gpu"] or cache["slots"] == cache["experts"]
-    # the loader still loads every expert: a plan that needs the CPU split says it cannot start yet
-    if plan["offload"]["mode"] != "gpu":
-        assert any("host-resident loader" in warning for warning in plan["warnings"])
+    # every routed expert does not fit the recipe's GPUs: host-resident experts, one layer's staging arena a GPU
+    assert plan["offload"]["mode"] != "gpu"
+    assert env["EXPERT_CACHE_EXPERTS"] == "host"
+    assert cache["arena_bytes_per_gpu"] == cache["experts"] * cache["slot_bytes"]
+    assert any("EXPERT_CACHE_EXPERTS=host" in warning for warning in plan["warnings"])
 
 
 def test_every_gpu_holds_its_cache_beside_its_own_ledger() -> None:
@@ -432,6 +434,7 @@ def test_every_gpu_holds_its_cache_beside_its_own_ledger() -> None:
     plan = result.json()
     cache = plan["expert_cache"]
     used = cache["layers_per_gpu"] * (cache["slots"] + cache["staging"]) * cache["slot_bytes"]
+    used += cache["arena_bytes_per_gpu"]  # host-resident experts: the staging arena beside the slots
     for gpu in plan["gpus"]:
         fixed = gpu["non_expert_bytes"] + gpu["kv_cache_bytes"] + gpu["recurrent_state_bytes"] + gpu["scratch_bytes"]
         assert fixed + used <= gpu["budget_bytes"], gpu["index"]

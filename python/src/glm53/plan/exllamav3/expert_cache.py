@@ -58,6 +58,12 @@ class CacheSize(BaseModel):
     staging: int = Field(gt=0, description="Slots for one step's misses: top_k x sequences.")
     cache_bytes_per_gpu: int = Field(ge=0, description="What the cache may take of one GPU.")
     host_pool_bytes: int = Field(ge=0, description="Every routed expert once, page-locked: the miss source.")
+    arena_bytes_per_gpu: int = Field(
+        0,
+        ge=0,
+        description="EXPERT_CACHE_EXPERTS=host: one layer's experts a GPU, the staging arena that prefill reads "
+        "(0: every routed expert is resident, ExLlamaV3's own loader).",
+    )
 
     @property
     def window(self) -> int:

@@ -670,19 +670,22 @@ def plan_exl3(
     expert_cache = None
     cache_prediction = None
     if shape.expert_cache:
-        expert_cache = size_expert_cache(model, shape, budgets, cache_size)
+        # every routed expert on the GPUs only where the all-GPU placement fits; else host-resident experts
+        resident_reason = None if fitting[best][0] == "gpu" else fitting[best][3].reason
+        expert_cache = size_expert_cache(model, shape, budgets, cache_size, host_resident=resident_reason is not None)
         resident = predict(model, gpus, shape, "gpu", {}).gpu_seconds
         cache_prediction = predict_cache(expert_cache, model, resident)
-        for key, (value, why) in expert_cache_keys(expert_cache, model).items():
+        for key, (value, why) in expert_cache_keys(expert_cache, model, resident_reason).items():
             env[key] = value
             origins[key] = why
         env.pop("EXL3_MOE_CPU_THREADS", None)
         origins.pop("EXL3_MOE_CPU_THREADS", None)
-        if fitting[best][0] != "gpu":
+        if resident_reason is not None:
             warnings.append(
-                "EXPERT_CACHE=1: ExLlamaV3's loader still loads every routed expert to the GPU as well (the "
-                f"cache's home copies), and {fitting[best][3].reason}: this plan cannot start until the "
-                'host-resident loader lands (docs/serve.md, "The GPU expert cache")'
+                "EXPERT_CACHE_EXPERTS=host: host-resident experts are verified on the tiny EXL3 fixture, not yet on "
+                "this checkpoint; each prefill pass copies a layer's experts "
+                f"({expert_cache.arena_bytes_per_gpu / GIB:.2f} GiB) before it runs "
+                '(docs/serve.md, "The GPU expert cache")'
             )
     kv_token = kv_bytes_per_token(model, shape.cache_bits)
     if kv_token and cache_size * kv_token > sum(g.total_bytes for g in gpus[: shape.gpus]) // 4:
@@ -722,17 +725,20 @@ def plan_exl3(
     )
 
 
-def size_expert_cache(model: ModelFacts, shape: Exl3Shape, budgets: list[int], cache_size: int) -> CacheSize:
+def size_expert_cache(
+    model: ModelFacts, shape: Exl3Shape, budgets: list[int], cache_size: int, *, host_resident: bool = False
+) -> CacheSize:
     """The cache's slots per MoE layer. The decoder layers go to the GPUs in order, an equal count of MoE layers
     each (the last GPU may hold fewer); each GPU's budget, less its own layers' non-expert weights, KV cache and
-    recurrent state (as the split's ledger counts them) and the scratch, is its room for slots; the GPU with the
-    least room decides."""
+    recurrent state (as the split's ledger counts them), the scratch and, with host-resident experts, the staging
+    arena of one layer's experts, is its room for slots; the GPU with the least room decides."""
+    arena = model.n_routed_experts * model.expert_bytes if host_resident else 0
     non_expert = layer_non_expert_bytes(model)
     kv_layer = kv_bytes_per_token(model, shape.cache_bits) // max(1, len(model.dsa_layers))
     state = recurrent_bytes_per_layer(model) * shape.max_num_seqs
     dsa, moe = set(model.dsa_layers), set(model.moe_layers)
     per_gpu = math.ceil(len(moe) / shape.gpus)
-    fixed = [scratch_bytes(model, shape)] * shape.gpus
+    fixed = [scratch_bytes(model, shape) + arena] * shape.gpus
     gpu, held = 0, 0
     for layer in range(model.num_hidden_layers):
         if layer in moe and held == per_gpu:
@@ -749,13 +755,27 @@ def size_expert_cache(model: ModelFacts, shape: Exl3Shape, budgets: list[int], c
             constraint="gpu memory",
             fix="a shorter MAX_MODEL_LEN or CACHE_MODE=Q8, or more GPUs",
         )
-    return size_cache(model, room, gpus=shape.gpus, sequences=shape.max_num_seqs, flag="EXPERT_CACHE=1: the GPU budget")
+    size = size_cache(model, room, gpus=shape.gpus, sequences=shape.max_num_seqs, flag="EXPERT_CACHE=1: the GPU budget")
+    return size.model_copy(update={"arena_bytes_per_gpu": arena})
 
 
-def expert_cache_keys(size: CacheSize, model: ModelFacts) -> dict[str, tuple[str, str]]:
-    """The engine keys of a sized cache (plain LRU: the pinned share comes with a routing trace), and why."""
+def expert_cache_keys(
+    size: CacheSize, model: ModelFacts, resident_reason: str | None = None
+) -> dict[str, tuple[str, str]]:
+    """The engine keys of a sized cache (plain LRU: the pinned share comes with a routing trace), and why;
+    `resident_reason`: why every routed expert does not fit the GPUs (then they are host-resident)."""
     per_layer = f"{size.cache_bytes_per_gpu / GIB:.2f} GiB a GPU over {size.layers_per_gpu} MoE layers"
+    experts = (
+        (
+            "host",
+            f"every routed expert does not fit the GPUs ({resident_reason}): in host memory only, one layer's "
+            f"experts a GPU staged for prefill ({size.arena_bytes_per_gpu / GIB:.2f} GiB)",
+        )
+        if size.arena_bytes_per_gpu
+        else ("gpu", "every routed expert fits the GPUs: ExLlamaV3's own loader")
+    )
     return {
+        "EXPERT_CACHE_EXPERTS": experts,
         "EXPERT_CACHE": ("1", "the GPU expert cache (--expert-cache, or the profile's EXPERT_CACHE=1)"),
         "EXPERT_CACHE_WINDOW": (
             str(size.window),

@@ -340,6 +340,94 @@ def test_the_host_loader_reads_a_trellis_from_the_checkpoint_file(tmp_path: Path
             read_exactly(handle, path.stat().st_size - 4, np.zeros(16, dtype=np.uint8))
 
 
+class _HostRegistry:
+    """The two calls HostExperts makes of glm53_expert_cache: page-lock and map a host tensor (here: its address,
+    as a CPU arena reads it directly), and release it."""
+
+    def __init__(self) -> None:
+        self.registered: list[int] = []
+
+    def host_register(self, tensor: Any) -> int:
+        self.registered.append(tensor.data_ptr())
+        return int(tensor.data_ptr())
+
+    def host_unregister(self, tensor: Any) -> None:
+        self.registered.remove(tensor.data_ptr())
+
+
+def test_host_resident_experts_are_laid_out_as_the_cache_slots_and_staged_per_layer(tmp_path: Path) -> None:
+    """HostExperts on a real safetensors checkpoint of two MoE layers (3 experts, gate/up/down trellis each), its
+    arena on the CPU so that the layout can be read here: each expert's bytes land in its layer's host pool row at
+    the cache's gate|up|down offsets; the engine's tensors are views of one arena that holds whichever layer was
+    staged last; a shape that differs from the layer's is refused, naming the tensor."""
+    import torch
+    from safetensors.numpy import save_file
+
+    from glm53.serve.engines.exllamav3.expert_cache import HostExperts
+
+    shapes = {"gate_proj": (4, 2, 48), "up_proj": (4, 2, 48), "down_proj": (2, 4, 48)}
+    rng = np.random.default_rng(1)
+    tensors = {
+        f"layers.{layer}.mlp.experts.{e}.{part}.trellis": rng.integers(-(2**15), 2**15, shape, dtype=np.int16)
+        for layer in (3, 4)
+        for e in range(3)
+        for part, shape in shapes.items()
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    stc = _ParsedHeaders(path)
+
+    class _Linear:
+        def __init__(self, key: str) -> None:
+            self.key = key
+
+    class _Mlp:
+        def __init__(self, layer: int) -> None:
+            self.key, self.num_experts = f"layers.{layer}.mlp", 3
+            self.gates, self.ups, self.downs = (
+                [_Linear(f"layers.{layer}.mlp.experts.{e}.{part}") for e in range(3)] for part in shapes
+            )
+
+    registry = _HostRegistry()
+    host = HostExperts(registry)
+    views = {}
+    for layer in (3, 4):
+        mlp = _Mlp(layer)
+        for part, linears in enumerate((mlp.gates, mlp.ups, mlp.downs)):
+            for e, linear in enumerate(linears):
+                key = linear.key + ".trellis"
+                views[key] = host.trellis(mlp, part, e, stc, key, "cpu")
+                assert tuple(views[key].shape) == tensors[key].shape and views[key].dtype == torch.int16
+    pools = host.layers
+    assert sorted(pools) == ["layers.3.mlp", "layers.4.mlp"] and len(registry.registered) == 2
+    pool = pools["layers.3.mlp"]
+    assert pool.offsets == [0, 4 * 2 * 48 * 2, 2 * 4 * 2 * 48 * 2] and pool.slot_bytes == 3 * 4 * 2 * 48 * 2
+    for e in range(3):
+        row = pool.pool[e].numpy()
+        for part, offset in zip(shapes, pool.offsets, strict=True):
+            expected = tensors[f"layers.3.mlp.experts.{e}.{part}.trellis"]
+            assert row[offset : offset + expected.nbytes].view(np.int16).reshape(expected.shape).tolist() == (
+                expected.tolist()
+            )
+    # one arena for both layers: the engine's tensors read the layer staged last
+    for layer, other in ((3, 4), (4, 3), (3, 4)):
+        host.stage(f"layers.{layer}.mlp")
+        for key, view in views.items():
+            mine = key.replace(f"layers.{other}.", f"layers.{layer}.")
+            assert view.numpy().tolist() == tensors[mine].tolist(), key
+    # a shape other than the layer's first expert's is refused
+    odd = tmp_path / "odd" / "model.safetensors"
+    odd.parent.mkdir()
+    save_file({**tensors, "layers.3.mlp.experts.2.up_proj.trellis": np.zeros((2, 4, 48), np.int16)}, str(odd))
+    fresh = HostExperts(_HostRegistry())
+    mlp = _Mlp(3)
+    fresh.trellis(mlp, 1, 0, _ParsedHeaders(odd), "layers.3.mlp.experts.0.up_proj.trellis", "cpu")
+    with pytest.raises(RuntimeError, match=r"layers\.3\.mlp\.experts\.2\.up_proj\.trellis: shape \[2, 4, 48\]"):
+        fresh.trellis(mlp, 1, 2, _ParsedHeaders(odd), "layers.3.mlp.experts.2.up_proj.trellis", "cpu")
+    host.drop("layers.3.mlp")
+    assert sorted(host.layers) == ["layers.4.mlp"] and len(registry.registered) == 1
+
+
 def test_a_superscript_window_is_badinput() -> None:
     with pytest.raises(BadInput, match="EXPERT_CACHE_WINDOW"):
         cache_settings({"EXPERT_CACHE": "1", "EXPERT_CACHE_WINDOW": "²"})

@@ -347,7 +347,7 @@ class HostExperts:
     def arena(self, device: Any, size: int) -> Any:
         import torch  # heavy: only inside the engine's process
 
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = _device_index(device)
         arena = self.arenas.get(index)
         if arena is None:
             arena = self.arenas[index] = torch.empty(size, dtype=torch.uint8, device=device)
@@ -376,6 +376,8 @@ def _device_index(device: Any) -> int:
     import torch  # heavy: only inside the engine's process
 
     device = torch.device(device)
+    if device.type != "cuda":
+        return -1  # the engine's experts are on GPUs; a CPU arena only where a test lays one out
     return device.index if device.index is not None else torch.cuda.current_device()
 
 

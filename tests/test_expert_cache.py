@@ -217,3 +217,24 @@ def test_cli_refuses_a_capture_of_another_model(
     code, _, err = run(["plan", "expert-cache", str(path), "--cache-memory", "14GiB"], capsys, monkeypatch)
     assert code == 2
     assert "is not a routing capture of" in err and "8 experts a layer" in err
+
+
+def test_the_host_resident_run_says_what_the_docs_say() -> None:
+    """The H100 run of host-resident experts (benchmarks/data/expert-cache-host-h100.json, from
+    tools/exl3-host-experts-check.py and a served run): the VRAM each load took, the decode passes that matched the
+    stock engine in each arrangement, and the served hits, as docs/serve.md reports them."""
+    run = json.loads(MEASURED.with_name("expert-cache-host-h100.json").read_text())
+    check = run["check"]
+    stock_mib, host_mib = (check[side]["allocated_bytes"] / 2**20 for side in ("stock", "host"))
+    assert (f"{stock_mib:.1f}", f"{host_mib:.1f}") == ("192.1", "12.5")
+    assert check["host"]["host_layers"] == 5 and check["host"]["arena_bytes"] * 5 == check["host"]["host_pool_bytes"]
+    matched = {
+        name: (check[name]["one_row_equal"], check[name]["one_row_repeating"])
+        for name in ("gpu_cache", "host_cache", "host_cache_staged")
+    }
+    assert matched == {"gpu_cache": (230, 230), "host_cache": (46, 230), "host_cache_staged": (230, 230)}
+    served = run["serve"]["cache_check"]["layers"]
+    assert all(layer["engine_hits"] == layer["simulated_hits"] for layer in served) and len(served) == 5
+    assert all(r["valid"] for r in run["serve"]["bench"])
+    docs = (Path(__file__).parents[1] / "docs" / "serve.md").read_text()
+    assert "192.1 MiB of GPU memory stock and **12.5 MiB**" in docs and "only 46 of 230 did" in docs

@@ -50,7 +50,14 @@ from glm53.host.rig import rig_topology
 from glm53.plan.cache.decode_cost import CPU_HANDOFF_SECONDS, CPU_KERNEL_EFFICIENCY, GPU_KERNEL_EFFICIENCY
 from glm53.plan.cache.policies import exl3_dynamic
 from glm53.plan.cache.recommend import Recommendation
-from glm53.plan.exllamav3.expert_cache import CacheChoice, CachePrediction, CacheSize, predict_cache, size_cache
+from glm53.plan.exllamav3.expert_cache import (
+    ASSUMED_LINK_BYTES_PER_S,
+    CacheChoice,
+    CachePrediction,
+    CacheSize,
+    predict_cache,
+    size_cache,
+)
 from glm53.plan.inputs.cpu_sets import plan_cpu_sets
 from glm53.plan.inputs.gpus import GpuSpec, gpu_spec
 from glm53.plan.inputs.host_budget import Infeasible, host_budget
@@ -681,11 +688,13 @@ def plan_exl3(
         env.pop("EXL3_MOE_CPU_THREADS", None)
         origins.pop("EXL3_MOE_CPU_THREADS", None)
         if resident_reason is not None:
+            # every MoE layer's experts cross a link once a prefill pass (the GPUs of a layer split in turn)
+            staging = len(model.moe_layers) * expert_cache.arena_bytes_per_gpu / ASSUMED_LINK_BYTES_PER_S
             warnings.append(
                 "EXPERT_CACHE_EXPERTS=host: host-resident experts are verified on the tiny EXL3 fixture, not yet on "
                 "this checkpoint; each prefill pass copies a layer's experts "
-                f"({expert_cache.arena_bytes_per_gpu / GIB:.2f} GiB) before it runs "
-                '(docs/serve.md, "The GPU expert cache")'
+                f"({expert_cache.arena_bytes_per_gpu / GIB:.2f} GiB) before it runs, about {staging:.1f} s a pass "
+                'over every MoE layer at 25 GB/s (docs/serve.md, "The GPU expert cache")'
             )
     kv_token = kv_bytes_per_token(model, shape.cache_bits)
     if kv_token and cache_size * kv_token > sum(g.total_bytes for g in gpus[: shape.gpus]) // 4:

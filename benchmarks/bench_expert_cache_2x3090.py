@@ -40,7 +40,7 @@ from rich.table import Table
 from glm53.plan.cache.decode_cost import GPU_KERNEL_EFFICIENCY, build_cost_model
 from glm53.plan.cache.engine_cost import PUBLISHED_RANGE
 from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
-from glm53.plan.exllamav3.expert_cache import size_cache
+from glm53.plan.exllamav3.expert_cache import arena_bytes, size_cache
 from glm53.plan.inputs.gpus import ASSUMED_GPU_MEMORY_BANDWIDTH
 from glm53.plan.inputs.kv import derive_kv
 from glm53.plan.inputs.model import load_architecture
@@ -63,7 +63,7 @@ def fitted_overhead(report: dict) -> tuple[float, float, float]:
     args, runs = report["args"], report["runs"]
     per = args["steps"] * args["layers"]
     resident = runs["resident/graph"]["seconds"] / per
-    paced = [run for label, run in runs.items() if label.endswith("-pcie4") and "misses" in run]
+    paced = [run for label, run in runs.items() if label.endswith("-pcie4") and "kl_gate" not in run]  # exact ones
     moved = [sum(run["misses"]) / per * report["expert_bytes"] / PCIE4 for run in paced]
     measured = [run["seconds"] / per for run in paced]
     overhead = float(np.mean([t - resident - m for t, m in zip(measured, moved, strict=True)]))
@@ -100,8 +100,7 @@ def main() -> int:
     resident, overhead, worst = fitted_overhead(report)
     cpu = fitted_cpu_cost(report)
     model = load_architecture()
-    arena = model.n_routed_experts * model.expert_bytes  # EXPERT_CACHE_EXPERTS=host: one layer's experts a GPU
-    size = size_cache(model, EXPERT_BUDGET_PER_3090 - arena, gpus=2)
+    size = size_cache(model, EXPERT_BUDGET_PER_3090 - arena_bytes(model), gpus=2)  # EXPERT_CACHE_EXPERTS=host
     cost = build_cost_model(
         model,
         derive_kv(model, 1),

@@ -497,15 +497,6 @@ def main(argv: list[str]) -> int:
         configs.append((f"frequency-{total}", 0, total, (args.recent, args.half_life)))
     configs.append(("stream", 0, 0, None))
     for name, pinned, window, frequency in configs:
-        if name.startswith("pinned-lru-") and not args.no_cpu:
-            # the same VRAM two more ways: ExLlamaV3's static split, and this cache with its misses on the CPU
-            total = pinned + window
-            runs.update(cpu_modes(model, args, cache_ext, total, pinned, window, rankings, steps_routes,
-                                  reference, head, warm))  # fmt: skip
-        model.caches = [
-            Cache(layer, args.experts, pinned, window, args.top_k, rankings[i], frequency)
-            for i, layer in enumerate(layers)
-        ]
         if frequency is None:
             predicted = pinned_lru_step_hits(
                 steps_routes.astype(np.int64), args.experts, rankings, [pinned] * args.layers, [window] * args.layers
@@ -515,26 +506,22 @@ def main(argv: list[str]) -> int:
             predicted = decayed_frequency(
                 steps_routes.astype(np.int64), args.experts, [window], recent=recent, half_life=half_life
             ).hits.sum(axis=0)
+        if name.startswith("pinned-lru-") and not args.no_cpu:
+            # the same VRAM two more ways: ExLlamaV3's static split, and this cache with its misses on the CPU
+            runs.update(cpu_modes(model, args, pinned, window, rankings, predicted, reference, head, warm))
+        model.caches = [
+            Cache(layer, args.experts, pinned, window, args.top_k, rankings[i], frequency)
+            for i, layer in enumerate(layers)
+        ]
         for graph in (False, True):
             for gbps in (0.0, PCIE4_GBPS) if graph else (0.0,):
                 model.gbps = gbps
                 out, seconds = model.run(args.steps, warm, graph=graph)
-                state = torch.stack([c.state for c in model.caches]).cpu().numpy()
-                hits = state[:, cache_ext.STATE_HITS].tolist()
                 label = f"{name}/{'graph' if graph else 'eager'}{'-pcie4' if gbps else ''}"
                 runs[label] = {
-                    "pinned": pinned,
-                    "window": window,
-                    "policy": "frequency" if frequency else "lru",
-                    "slots_per_layer": pinned + window + args.top_k,
+                    **counted(model, args, "frequency" if frequency else "lru", predicted),
                     "seconds": seconds,
                     "exact": bool(torch.equal(out, reference)),
-                    "hits": hits,
-                    "misses": state[:, cache_ext.STATE_MISSES].tolist(),
-                    "overflow": state[:, cache_ext.STATE_OVERFLOW].tolist(),
-                    "predicted_hits": predicted.tolist(),
-                    "hits_equal_simulator": hits == predicted.tolist(),
-                    "hit_rate": float(np.sum(hits)) / (args.steps * args.layers * args.top_k),
                 }
                 print(label, json.dumps(runs[label]), flush=True)
         model.caches = None
@@ -557,13 +544,32 @@ def main(argv: list[str]) -> int:
     return 0 if ok and gate else 1
 
 
-def cpu_modes(model, args, cache_ext, total, pinned, window, rankings, steps_routes, reference, head, warm):
-    """split-N (the `total + top_k` hottest experts of a layer on the GPU, the rest on the CPU) and hybrid-N
-    (the pinned LRU cache of `total` + staging slots, its misses on the CPU), eager, each step from the resident
-    run's state before it."""
-    from glm53.plan.cache.policies import pinned_lru_step_hits
+def counted(model, args, policy: str, predicted: np.ndarray) -> dict:
+    """A cache run's setting and the kernel's own counters, beside the simulator's hits on the same steps."""
+    cache_ext = model.cache_ext
+    state = torch.stack([c.state for c in model.caches]).cpu().numpy()
+    hits = state[:, cache_ext.STATE_HITS].tolist()
+    pinned, window = model.caches[0].pinned, model.caches[0].window
+    return {
+        "pinned": pinned,
+        "window": window,
+        "policy": policy,
+        "slots_per_layer": pinned + window + args.top_k,
+        "hits": hits,
+        "misses": state[:, cache_ext.STATE_MISSES].tolist(),
+        "overflow": state[:, cache_ext.STATE_OVERFLOW].tolist(),
+        "predicted_hits": predicted.tolist(),
+        "hits_equal_simulator": hits == predicted.tolist(),
+        "hit_rate": float(np.sum(hits)) / (args.steps * args.layers * args.top_k),
+    }
 
+
+def cpu_modes(model, args, pinned, window, rankings, predicted, reference, head, warm):
+    """split-N (the `N + top_k` hottest experts of a layer on the GPU, the rest on the CPU) and hybrid-N (the
+    pinned LRU cache of N = `pinned + window` + staging slots, its misses on the CPU; `predicted`: the
+    simulator's hits for that cache), eager, each step from the resident run's state before it."""
     runs: dict[str, dict] = {}
+    total = pinned + window
     gpu_count = total + args.top_k
     model.gpu_experts = []
     for ranking in rankings:
@@ -579,9 +585,6 @@ def cpu_modes(model, args, cache_ext, total, pinned, window, rankings, steps_rou
         **gate(divergence(out, reference, head), args.max_kl),
     }  # fmt: skip
     print(f"split-{total}/eager", json.dumps(runs[f"split-{total}/eager"]), flush=True)
-    predicted = pinned_lru_step_hits(
-        steps_routes.astype(np.int64), args.experts, rankings, [pinned] * args.layers, [window] * args.layers
-    ).hits.sum(axis=0)
     model.cpu_mode = "hybrid"
     for gbps in (0.0, PCIE4_GBPS):
         model.caches = [
@@ -590,17 +593,13 @@ def cpu_modes(model, args, cache_ext, total, pinned, window, rankings, steps_rou
         model.gbps = gbps
         model.cpu_selections = 0
         out, seconds = model.run(args.steps, warm, graph=False, teacher=reference)
-        state = torch.stack([c.state for c in model.caches]).cpu().numpy()
-        hits = state[:, cache_ext.STATE_HITS].tolist()
         label = f"hybrid-{total}/eager{'-pcie4' if gbps else ''}"
         runs[label] = {
-            "pinned": pinned, "window": window, "policy": "lru", "slots_per_layer": pinned + window + args.top_k,
-            "seconds": seconds, "hits": hits, "predicted_hits": predicted.tolist(),
-            "hits_equal_simulator": hits == predicted.tolist(),
-            "hit_rate": float(np.sum(hits)) / (args.steps * args.layers * args.top_k),
+            **counted(model, args, "lru", predicted),
+            "seconds": seconds,
             "cpu_share": model.cpu_selections / (args.steps * args.layers * args.top_k),
             **gate(divergence(out, reference, head), args.max_kl),
-        }  # fmt: skip
+        }
         print(label, json.dumps(runs[label]), flush=True)
     model.caches = None
     model.cpu_mode = None

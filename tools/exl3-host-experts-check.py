@@ -151,14 +151,16 @@ def main() -> int:
     runtime = CacheRuntime(
         CacheSettings(window=args.window, pinned=0, stats=None, experts="host"), report_file, cache_ext
     )
+    host = runtime.host
+    assert host is not None  # experts="host"
     _hook(runtime)
     model, _kv_cache, generator, seconds, allocated = load()
     report["host"] = {
         "load_seconds": round(seconds, 2),
         "allocated_bytes": allocated,
-        "host_layers": len(runtime.host.layers) if runtime.host else 0,
-        "host_pool_bytes": sum(layer.pool.numel() for layer in runtime.host.layers.values()) if runtime.host else 0,
-        "arena_bytes": sum(a.numel() for a in runtime.host.arenas.values()) if runtime.host else 0,
+        "host_layers": len(host.layers),
+        "host_pool_bytes": sum(layer.pool.numel() for layer in host.layers.values()),
+        "arena_bytes": sum(a.numel() for a in host.arenas.values()),
     }
     print(f"host: {allocated / 2**20:.1f} MiB after load, {report['host']['host_layers']} layers' experts in "
           f"{report['host']['host_pool_bytes'] / 2**20:.1f} MiB of host memory, arena "
@@ -167,8 +169,7 @@ def main() -> int:
     report["host_cache"] = compare(host_outs)
     print("cache, experts in host memory:", json.dumps(report["host_cache"]), flush=True)
     # diagnosis: the same with the layer staged before every pass (what a pass reads from the home copies)
-    assert runtime.host is not None
-    report["host_cache_staged"] = compare(replay(model, lambda key, x: runtime.host.stage(key)))
+    report["host_cache_staged"] = compare(replay(model, lambda key, x: host.stage(key)))
     print("cache, experts in host memory, staged before every pass:", json.dumps(report["host_cache_staged"]),
           flush=True)  # fmt: skip
     passes = []

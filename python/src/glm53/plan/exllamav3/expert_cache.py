@@ -94,6 +94,12 @@ def check_pinned_fraction(value: float, *, flag: str = "--pinned-fraction") -> f
     return value
 
 
+def arena_bytes(facts: ModelFacts) -> int:
+    """EXPERT_CACHE_EXPERTS=host: the staging arena a GPU keeps beside the cache, one MoE layer's routed experts
+    (what a prefill pass of that layer reads)."""
+    return facts.n_routed_experts * facts.expert_bytes
+
+
 def size_cache(
     facts: ModelFacts,
     cache_bytes_per_gpu: int,
@@ -431,6 +437,7 @@ __all__ = [
     "CachePrediction",
     "CacheSize",
     "ExpertCachePlan",
+    "arena_bytes",
     "check_cache_report",
     "check_pinned_fraction",
     "check_trace_matches",

@@ -55,6 +55,7 @@ from glm53.plan.exllamav3.expert_cache import (
     CacheChoice,
     CachePrediction,
     CacheSize,
+    arena_bytes,
     predict_cache,
     size_cache,
 )
@@ -694,7 +695,8 @@ def plan_exl3(
                 "EXPERT_CACHE_EXPERTS=host: host-resident experts are verified on the tiny EXL3 fixture, not yet on "
                 "this checkpoint; each prefill pass copies a layer's experts "
                 f"({expert_cache.arena_bytes_per_gpu / GIB:.2f} GiB) before it runs, about {staging:.1f} s a pass "
-                'over every MoE layer at 25 GB/s (docs/serve.md, "The GPU expert cache")'
+                f"over every MoE layer at {ASSUMED_LINK_BYTES_PER_S / 1e9:g} GB/s "
+                '(docs/serve.md, "The GPU expert cache")'
             )
     kv_token = kv_bytes_per_token(model, shape.cache_bits)
     if kv_token and cache_size * kv_token > sum(g.total_bytes for g in gpus[: shape.gpus]) // 4:
@@ -741,7 +743,7 @@ def size_expert_cache(
     each (the last GPU may hold fewer); each GPU's budget, less its own layers' non-expert weights, KV cache and
     recurrent state (as the split's ledger counts them), the scratch and, with host-resident experts, the staging
     arena of one layer's experts, is its room for slots; the GPU with the least room decides."""
-    arena = model.n_routed_experts * model.expert_bytes if host_resident else 0
+    arena = arena_bytes(model) if host_resident else 0
     non_expert = layer_non_expert_bytes(model)
     kv_layer = kv_bytes_per_token(model, shape.cache_bits) // max(1, len(model.dsa_layers))
     state = recurrent_bytes_per_layer(model) * shape.max_num_seqs

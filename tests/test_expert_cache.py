@@ -63,7 +63,12 @@ def test_replay_keeps_the_window_most_recent() -> None:
 
 @pytest.mark.parametrize(
     ("measured", "runs_checked"),
-    [(MEASURED, 15), (MEASURED_H100, 25), (MEASURED_H100.with_name("expert-cache-h100-14-threads.json"), 25)],
+    [
+        (MEASURED, 15),
+        (MEASURED_H100, 25),
+        (MEASURED_H100.with_name("expert-cache-h100-14-threads.json"), 25),
+        (MEASURED_H100.with_name("expert-cache-h100-api3.json"), 25),  # the module with api 3's table order
+    ],
 )
 def test_the_gpus_hit_counts_equal_both_replays(measured: Path, runs_checked: int) -> None:
     """The GPU run's per-layer hits (the kernel's own counters) for every cache setting it ran."""
@@ -238,3 +243,29 @@ def test_the_host_resident_run_says_what_the_docs_say() -> None:
     assert all(r["valid"] for r in run["serve"]["bench"])
     docs = (Path(__file__).parents[1] / "docs" / "serve.md").read_text()
     assert "192.1 MiB of GPU memory stock and **12.5 MiB**" in docs and "only 46 of 230 did" in docs
+
+
+def test_the_api_3_module_computes_every_decode_pass_from_its_slot() -> None:
+    """The same check and serves with the api-3 module (benchmarks/data/expert-cache-host-h100-api3.json): every
+    one-token pass the stock layers repeat is bit-equal in all three arrangements, host-resident included, every
+    prefill pass is within the stock engine's own run-to-run difference, and both serves' hits equal the
+    simulator's."""
+    run = json.loads(MEASURED.with_name("expert-cache-host-h100-api3.json").read_text())
+    assert "api 3" in run["module"]
+    check = run["check"]
+    for name in ("gpu_cache", "host_cache", "host_cache_staged"):
+        assert (check[name]["one_row_equal"], check[name]["one_row_repeating"]) == (230, 230), name
+    assert check["equal_where_stock_repeats"] and check["multi_row_within_stock_noise"]
+    several = [p for p in run["check_passes"] if p["rows"] > 1]
+    assert len(several) == 8 and max(p["max_abs_difference"] for p in several) <= check["stock_multi_row_noise"]
+    assert check["host"]["allocated_bytes"] < check["stock"]["allocated_bytes"] / 10
+    for side in ("serve", "serve_gpu"):
+        layers = run[side]["cache_check"]["layers"]
+        engine = run[side]["cache_report"]["layers"]
+        assert [layer["engine_hits"] for layer in layers] == [
+            engine[f"model.language_model.layers.{layer['layer']}.mlp"]["hits"] for layer in layers
+        ], side
+        assert all(layer["engine_hits"] == layer["simulated_hits"] for layer in layers) and len(layers) == 5
+        assert all(r["valid"] for r in run[side]["bench"]) and len(run[side]["bench"]) == 2
+    docs = (Path(__file__).parents[1] / "docs" / "serve.md").read_text()
+    assert "all 230 in each of the three arrangements" in docs and "5,532 of 7,720" in docs

@@ -14,7 +14,10 @@ give, against the stock engine, on a real EXL3 model.
 
 Written to --out (JSON): the GPU memory each load allocated (the model and its KV cache), every pass's
 comparison, the cache's counts.
-Exit 0 when every host output equals the stock output wherever the stock layer repeats itself exactly.
+Exit 0 when every one-row (decode) host output equals the stock output wherever the stock layer repeats itself
+exactly, and every several-row (prefill) host output is within the largest difference the stock engine shows
+between two runs of its own several-row passes: those sum in an order that varies from run to run, so a single
+pass that repeats once proves nothing.
 
 Needs a CUDA machine with ExLlamaV3 1.4.6 and both extensions (tools/exl3-gpu-run.sh setup prebuilt) and glm53
 on PYTHONPATH. Usage: python3 tools/exl3-host-experts-check.py --model DIR --out FILE [--window 4]
@@ -112,6 +115,9 @@ def main() -> int:
     recording["on"] = False
     stock_again = replay(model)
     repeats = [bool(torch.equal(a, out)) for a, (_, _, out) in zip(stock_again, recorded, strict=True)]
+    stock_differences = [
+        float((a.float() - out.float()).abs().max()) for a, (_, _, out) in zip(stock_again, recorded, strict=True)
+    ]
     print(f"stock: {allocated / 2**20:.1f} MiB after load, {len(recorded)} MoE passes recorded, "
           f"{sum(repeats)} repeat bit for bit", flush=True)  # fmt: skip
     # The same layers with the cache on their pointer tables, experts resident (EXPERT_CACHE_EXPERTS=gpu): a
@@ -173,7 +179,9 @@ def main() -> int:
     print("cache, experts in host memory, staged before every pass:", json.dumps(report["host_cache_staged"]),
           flush=True)  # fmt: skip
     passes = []
-    for (key, x, stock_out), host_out, repeat in zip(recorded, host_outs, repeats, strict=True):
+    for (key, x, stock_out), host_out, repeat, stock_difference in zip(
+        recorded, host_outs, repeats, stock_differences, strict=True
+    ):
         passes.append(
             {
                 "layer": key,
@@ -181,20 +189,26 @@ def main() -> int:
                 "equal": bool(torch.equal(host_out, stock_out)),
                 "max_abs_difference": float((host_out.float() - stock_out.float()).abs().max()),
                 "stock_repeats": repeat,
+                "stock_difference": stock_difference,
             }
         )
     report["passes"] = passes
     report["host"]["tokens"] = generate(generator)  # the Generator runs on host-resident experts
     report["cache"] = runtime.write_report()
-    decisive = [p for p in passes if p["stock_repeats"]]
+    decisive = [p for p in passes if p["stock_repeats"] and p["rows"] == 1]
     report["equal_where_stock_repeats"] = all(p["equal"] for p in decisive)
     report["decisive_passes"] = len(decisive)
+    several = [p for p in passes if p["rows"] > 1]
+    report["stock_multi_row_noise"] = max((p["stock_difference"] for p in several), default=0.0)
+    report["multi_row_within_stock_noise"] = all(
+        p["max_abs_difference"] <= report["stock_multi_row_noise"] for p in several
+    )
     report["multi_row_passes_equal"] = sum(p["equal"] for p in passes if p["rows"] > 1)
     report["one_row_passes_equal"] = sum(p["equal"] for p in passes if p["rows"] == 1)
     report["vram_saved_bytes"] = report["stock"]["allocated_bytes"] - allocated
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k not in ("passes", "args")})[:3000], flush=True)
-    ok = report["equal_where_stock_repeats"] and len(decisive) > 0
+    ok = report["equal_where_stock_repeats"] and report["multi_row_within_stock_noise"] and len(decisive) > 0
     print("HOST-RESIDENT EXPERTS EQUAL TO THE STOCK ENGINE" if ok else "DIFFERENCE", flush=True)
     return 0 if ok else 1
 

@@ -11,6 +11,9 @@ defaults and at its recommended setting (the measure it is chosen by: `engine_co
     every engine: on the stationary shape at 17%, at least the recipe + 4 points (each seed)
     the best family an engine runs: on average at least 35% of the LRU-to-MIN gap closed
 
+The exit status holds the proposal to all three and glm53's GPU expert cache (`exl3-cache`, the policies its
+kernel runs) to the first.
+
     python benchmarks/bench_plan_targets.py [--steps 6000] [--layers 8] [--seeds 0-4] [--shapes a,b] [--json F]
 
 Each row is `glm53 plan trace synth --shape NAME --seed N` (with --steps and --layers) recommended on
@@ -67,6 +70,7 @@ def table(rows: list[TargetRow], console: Console) -> None:
         "vllm",
         "exllamav3",
         "proposed",
+        "exl3-cache",
         "MIN",
         "gap closed",
         "exl3 tok/s",
@@ -133,7 +137,8 @@ def main() -> int:
         console.print(
             f"{check.engine:>9}: {check.target}: {percent} ({check.where}) -> {'met' if check.met else 'MISSED'}"
         )
-        ok &= check.met or check.engine != "proposed"
+        held_to = check.engine == "proposed" or (check.engine == "exl3-cache" and check.target.startswith("never"))
+        ok &= check.met or not held_to
     if args.json:
         with open(args.json, "w") as handle:
             json.dump([row.model_dump(mode="json") for row in rows], handle)

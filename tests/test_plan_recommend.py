@@ -158,14 +158,15 @@ def test_a_trace_is_lengthened_by_repeating_its_scored_part() -> None:
 
 def test_targets_small() -> None:
     """The targets table in small: the stationary and a re-permuted shape at 17%, 6 layers x 3,000 steps.
-    The recipe's engine is never recommended anything below plain LRU, nor is the proposal; the proposal
-    clears the stationary target; ExLlamaV3's recommendation decodes faster than its defaults, and far faster than
-    plain LRU run through its swaps."""
+    The recipe's engine is never recommended anything below plain LRU, nor is the proposal or the GPU expert
+    cache; the proposal clears the stationary target; ExLlamaV3's recommendation decodes faster than its
+    defaults, and far faster than plain LRU run through its swaps."""
     rows = []
     for name in ("stationary", "repermute-50"):
         rows += evaluate_shape(name, 0, steps=3000, layers=tuple(range(3, 9)), fractions=(0.17,), priced=True)
     checks = {(c.engine, c.target[:20]): c for c in check_targets(rows)}
     assert checks[("vllm", "never more than 0.25")].met
+    assert checks[("exl3-cache", "never more than 0.25")].met  # what the GPU expert cache's kernel runs
     if ("proposed", "never more than 0.25") in checks:  # the proposal runs where numba is installed
         assert checks[("proposed", "never more than 0.25")].met
         assert checks[("proposed", "stationary at 17%: a")].met

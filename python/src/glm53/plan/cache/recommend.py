@@ -190,12 +190,18 @@ def _proposed_candidates() -> list[Candidate]:
     return [Candidate(engine="proposed", family="adaptive-frequency", recent=1), *fixed]
 
 
+# The half-lives the GPU expert cache is chosen from: the proposal's fixed ones, and two short ones that follow a
+# moving hot set closely enough to stay at or above plain LRU where the longer ones fall behind it (a sliding
+# ranking), so the robust choice can keep a frequency policy there instead of falling back to LRU.
+EXPERT_CACHE_HALF_LIVES = (16.0, 32.0, 64.0, 256.0, 1024.0)
+
+
 def _expert_cache_candidates() -> list[Candidate]:
     """glm53's GPU expert cache (pkgs/exllamav3/expert-cache/policy.cuh runs both families)."""
     pinned = [candidate.model_copy(update={"engine": "exl3-cache"}) for candidate in _pinned_lru_candidates()]
     frequency = [
         Candidate(engine="exl3-cache", family="decayed-frequency", recent=1, half_life=half_life)
-        for half_life in (64.0, 256.0, 1024.0)
+        for half_life in EXPERT_CACHE_HALF_LIVES
     ]
     return [*pinned, *frequency]
 
@@ -562,6 +568,7 @@ def recommend(
 __all__ = [
     "CHOICE_LAYERS",
     "EXL3_DEFAULT",
+    "EXPERT_CACHE_HALF_LIVES",
     "LRU",
     "NEEDS",
     "RECIPE",

@@ -11,7 +11,9 @@ the rest. Belady's MIN gets the same slots per layer and the held-out part alone
 
 Targets (docs/plan.md): per engine, the recommendation never more than 0.25 points below plain LRU; on the
 stationary shape at 17%, at least the recipe + 4 points; the best family closes on average at least 35% of the
-LRU-to-MIN gap over the shapes.
+LRU-to-MIN gap over the shapes. `exl3-cache` is glm53's GPU expert cache in ExLlamaV3, whose kernel runs what
+`glm53 plan expert-cache` chooses from: the guard is the one it must meet, and its row on the stationary shape says
+how much of the proposal's gain its fixed half-lives keep.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from glm53.plan.routing.traces import RoutingTrace
 BELOW_LRU = 0.0025
 OVER_RECIPE = 0.04
 GAP_CLOSED = 0.35
-ENGINES: tuple[PolicyEngine, ...] = ("vllm", "exllamav3", "proposed")
+ENGINES: tuple[PolicyEngine, ...] = ("vllm", "exllamav3", "proposed", "exl3-cache")
 
 
 class PolicyRate(BaseModel):

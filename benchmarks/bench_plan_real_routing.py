@@ -1,5 +1,6 @@
 """The engines' policies on real routing: each trace learned on its first 20%, every engine's recommendation
-and baseline replayed over the whole and scored on the rest, beside Belady's MIN.
+and baseline replayed over the whole and scored on the rest, beside Belady's MIN. `exl3-cache` is glm53's GPU
+expert cache in ExLlamaV3 (the policies its kernel runs).
 
     python benchmarks/bench_plan_real_routing.py TRACE [TRACE...] [--budgets 0.25,0.375,0.5]
 
@@ -29,7 +30,8 @@ def main() -> int:
     args = parser.parse_args()
     console = Console(width=150)
     table = Table(title="Real routing: held-out hit rate (%), each engine's recommended setting vs plain LRU")
-    for column in ("trace", "budget", "LRU", "recipe", "vllm", "exllamav3 default", "exllamav3", "proposed", "MIN"):
+    columns = ("trace", "budget", "LRU", "recipe", "vllm", "exllamav3 default", "exllamav3", "proposed", "exl3-cache")
+    for column in (*columns, "MIN"):
         table.add_column(column, justify="left" if column == "trace" else "right")
     for path in args.traces:
         trace = read_trace(path)
@@ -55,6 +57,7 @@ def main() -> int:
                 cell("exllamav3", default),
                 cell("exllamav3", row.recommended),
                 cell("proposed", row.recommended),
+                cell("exl3-cache", row.recommended),
                 f"{100 * row.belady:.2f}",
             )
         for row in rows[:1]:

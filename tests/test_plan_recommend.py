@@ -167,6 +167,8 @@ def test_targets_small() -> None:
     checks = {(c.engine, c.target[:20]): c for c in check_targets(rows)}
     assert checks[("vllm", "never more than 0.25")].met
     assert checks[("exl3-cache", "never more than 0.25")].met  # what the GPU expert cache's kernel runs
+    assert checks[("exl3-cache", "the recipe + 4 point")].met  # wherever its plan claims them
+    assert all("exl3-cache" in row.claimed_over_recipe for row in rows)
     if ("proposed", "never more than 0.25") in checks:  # the proposal runs where numba is installed
         assert checks[("proposed", "never more than 0.25")].met
         assert checks[("proposed", "stationary at 17%: a")].met

@@ -289,6 +289,18 @@ def pinned_family(trace: RoutingTrace, slots: int, learn_steps: int, fractions: 
     return [StepHits(h) for h in hits]
 
 
+def pinned_share_rates(recommendation: Recommendation, trace: RoutingTrace, fraction: float, seed: int) -> list[float]:
+    """One pinned share's held-out hit rate on each of the recommendation's scenarios (made from `trace` at
+    `seed`), replayed on the same layers and split as its candidates were: what the plan sets its choice beside."""
+    sample = subset(trace, layer_sample(len(trace.layers)))
+    cut = recommendation.learn_steps
+    rates = []
+    for scenario in stress_scenarios(sample, seed, start=cut).values():
+        hits = pinned_family(scenario, recommendation.slots, cut, [fraction])[0]
+        rates.append(hits.total(cut) / ((scenario.steps - cut) * len(sample.layers) * sample.top_k))
+    return rates
+
+
 def learned_counts(trace: RoutingTrace, learn_steps: int) -> NDArray[np.int64]:
     return trace.slice(0, max(1, learn_steps)).counts()
 
@@ -586,6 +598,7 @@ __all__ = [
     "lengthened",
     "over_stock",
     "pinned_family",
+    "pinned_share_rates",
     "recommend",
     "replay",
     "subset",

@@ -31,6 +31,7 @@ from glm53.plan.cache.recommend import (
     RECIPE,
     Candidate,
     pinned_family,
+    pinned_share_rates,
     recommend,
     replay,
 )
@@ -65,6 +66,9 @@ class TargetRow(BaseModel):
     recommended: list[PolicyRate]
     # Beside the recommendations: plain LRU, the recipe's policy and ExLlamaV3's defaults, priced.
     baselines: list[PolicyRate] = []
+    # What the plan claims over the recipe's policy, per engine whose plan shows it (`glm53 plan expert-cache`):
+    # its choice's hit rate minus the recipe's on the learning part's own scenario.
+    claimed_over_recipe: dict[str, float] = {}
 
     def rate(self, engine: PolicyEngine) -> float:
         return next(r.hit_rate for r in self.recommended if r.engine == engine)
@@ -120,6 +124,17 @@ def evaluate_trace(
     for fraction in fractions:
         slots = max(trace.top_k, min(trace.experts, round(fraction * trace.experts)))
         choice = recommend(learn, fraction, engines=engines, seed=seed)
+        claimed = {}
+        if "exl3-cache" in engines:
+            recipe_rates = dict(
+                zip(
+                    choice.scenarios,
+                    pinned_share_rates(choice, learn, RECIPE.pinned_fraction or 0.0, seed),
+                    strict=True,
+                )
+            )
+            cache = choice.engine("exl3-cache")
+            claimed["exl3-cache"] = cache.scores[0].hit_rate - recipe_rates[cache.scores[0].scenario]
         pinned = sorted(
             {0.0, RECIPE.pinned_fraction or 0.0}
             | {c.choice.pinned_fraction or 0.0 for c in choice.engines if c.choice.family == "pinned-lru"}
@@ -167,6 +182,7 @@ def evaluate_trace(
                 belady=optimum / held_out,
                 recommended=[priced(c.choice) for c in choice.engines],
                 baselines=baselines,
+                claimed_over_recipe=claimed,
             )
         )
     return rows
@@ -236,6 +252,27 @@ def check_targets(rows: Sequence[TargetRow], engines: Sequence[PolicyEngine] = E
             )
         )
         stationary = [row for row in rows if row.shape == "stationary" and abs(row.fraction - 0.17) < 1e-9]
+        claims = [row for row in rows if row.claimed_over_recipe.get(engine, -1.0) >= OVER_RECIPE]
+        if any(engine in row.claimed_over_recipe for row in rows):
+            # An engine whose plan shows its gain over the recipe is held to the recipe + 4 wherever it claims it.
+            checks.append(
+                _worst_margin(
+                    "the recipe + 4 points wherever the plan claims them",
+                    engine,
+                    claims,
+                    lambda row: row.recipe,
+                    OVER_RECIPE,
+                    lambda row: f"{row.shape} seed {row.seed} at {row.fraction:.0%}",
+                )
+                if claims
+                else TargetCheck(
+                    target="the recipe + 4 points wherever the plan claims them",
+                    engine=engine,
+                    value=0.0,
+                    met=True,
+                    where=f"claimed on none of {len(rows)} rows",
+                )
+            )
         if stationary:
             checks.append(
                 _worst_margin(

@@ -29,8 +29,7 @@ from glm53.plan.cache.policies import (
     decayed_frequency,
     pinned_lru_step_hits,
 )
-from glm53.plan.cache.recommend import RECIPE, Recommendation, layer_sample, pinned_family, recommend, subset
-from glm53.plan.routing.shapes import stress_scenarios
+from glm53.plan.cache.recommend import RECIPE, pinned_share_rates, recommend
 
 if TYPE_CHECKING:
     import numpy as np
@@ -230,22 +229,11 @@ def choose_cache_setting(trace: RoutingTrace, size: CacheSize, *, seed: int = 0)
         scenarios=[row.scenario for row in choice.scores],
         hit_rates=[row.hit_rate for row in choice.scores],
         lru_hit_rates=[row.lru_hit_rate for row in choice.scores],
-        recipe_hit_rates=_family_rates(recommendation, trace, RECIPE.pinned_fraction or 0.0, seed),
+        recipe_hit_rates=pinned_share_rates(recommendation, trace, RECIPE.pinned_fraction or 0.0, seed),
         worst_gain_over_lru=choice.worst_gain,
         learn_steps=recommendation.learn_steps,
         layers_replayed=recommendation.layers_replayed,
     )
-
-
-def _family_rates(recommendation: Recommendation, trace: RoutingTrace, fraction: float, seed: int) -> list[float]:
-    """One pinned share's held-out hit rate on each of the recommendation's scenarios, replayed alike."""
-    sample = subset(trace, layer_sample(len(trace.layers)))
-    cut = recommendation.learn_steps
-    rates = []
-    for scenario in stress_scenarios(sample, seed, start=cut).values():
-        hits = pinned_family(scenario, recommendation.slots, cut, [fraction])[0]
-        rates.append(hits.total(cut) / ((scenario.steps - cut) * len(sample.layers) * sample.top_k))
-    return rates
 
 
 class ExpertCachePlan(BaseModel):

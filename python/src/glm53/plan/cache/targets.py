@@ -66,8 +66,9 @@ class TargetRow(BaseModel):
     recommended: list[PolicyRate]
     # Beside the recommendations: plain LRU, the recipe's policy and ExLlamaV3's defaults, priced.
     baselines: list[PolicyRate] = []
-    # What the plan claims over the recipe's policy, per engine whose plan shows it (`glm53 plan expert-cache`):
-    # its choice's hit rate minus the recipe's on the learning part's own scenario.
+    # What the plan claims over the recipe's policy, per engine whose plan shows it beside the recipe's on every
+    # stress scenario (`glm53 plan expert-cache`): its choice's hit rate minus the recipe's on the worst of them,
+    # as it reports its gain over plain LRU.
     claimed_over_recipe: dict[str, float] = {}
 
     def rate(self, engine: PolicyEngine) -> float:
@@ -134,7 +135,7 @@ def evaluate_trace(
                 )
             )
             cache = choice.engine("exl3-cache")
-            claimed["exl3-cache"] = cache.scores[0].hit_rate - recipe_rates[cache.scores[0].scenario]
+            claimed["exl3-cache"] = min(row.hit_rate - recipe_rates[row.scenario] for row in cache.scores)
         pinned = sorted(
             {0.0, RECIPE.pinned_fraction or 0.0}
             | {c.choice.pinned_fraction or 0.0 for c in choice.engines if c.choice.family == "pinned-lru"}

@@ -16,9 +16,11 @@ Inputs, each printed with its source:
   `glm53 plan host --expert-cache` sizes it;
 - the hit rate: that cache replayed over a synthetic GLM-5.3-shaped trace (the real model's routing is not
   public), plain LRU, the recipe's 20% pinned and a 0.4 share, held-out after the rankings' learning part, and
-  the kernel's decayed-frequency policy at half-lives 64, 256 and 1,024 (its lookup timed in the same run: its
-  paced runs are in the fit); the hybrid's hits are the 20% pinned cache's, its misses all on the CPU; the static
-  split holds the `slots + staging` hottest experts a layer (by the learning part) and computes the rest on the CPU;
+  the kernel's decayed-frequency policy at half-lives 16, 32, 64, 256 and 1,024 (its lookup timed in the same run:
+  its paced runs are in the fit), and the setting `glm53 plan expert-cache` recommends from the learning part (the
+  robust choice among those, never below plain LRU on its stress scenarios); the hybrid's hits are the 20% pinned
+  cache's, its misses all on the CPU; the static split holds the `slots + staging` hottest experts a layer (by the
+  learning part) and computes the rest on the CPU;
 - the GPU time per token of the rest: `glm53.plan.cache.decode_cost` (every weight a token reads once at the share of
   the 3090's 936 GB/s EXL3 kernels reach at batch 1, `GPU_KERNEL_EFFICIENCY`; layer split: the two GPUs run
   one after the other, so only one PCIe link works at a time).
@@ -40,7 +42,8 @@ from rich.table import Table
 from glm53.plan.cache.decode_cost import GPU_KERNEL_EFFICIENCY, build_cost_model
 from glm53.plan.cache.engine_cost import PUBLISHED_RANGE
 from glm53.plan.cache.policies import decayed_frequency, pinned_lru_step_hits
-from glm53.plan.exllamav3.expert_cache import arena_bytes, size_cache
+from glm53.plan.cache.recommend import EXPERT_CACHE_HALF_LIVES
+from glm53.plan.exllamav3.expert_cache import arena_bytes, choose_cache_setting, size_cache
 from glm53.plan.inputs.gpus import ASSUMED_GPU_MEMORY_BANDWIDTH
 from glm53.plan.inputs.kv import derive_kv
 from glm53.plan.inputs.model import load_architecture
@@ -120,8 +123,13 @@ def main() -> int:
         ("plain LRU", 0.0, None),
         ("recipe: 20% pinned", 0.2, None),
         ("40% pinned", 0.4, None),
-        *((f"decayed frequency, half-life {h:g}", None, h) for h in (64.0, 256.0, 1024.0)),
+        *((f"decayed frequency, half-life {h:g}", None, h) for h in EXPERT_CACHE_HALF_LIVES),
     ]
+    # what the plan would set: its robust choice on the learning part, replayed like the rows above
+    choice = choose_cache_setting(trace.slice(0, cut), size, seed=args.seed)
+    policies.append(
+        (f"recommended: {choice.label}", choice.pinned_fraction if choice.policy == "lru" else None, choice.half_life)
+    )
     for label, share, half_life in policies:
         if half_life is None:
             pinned = round((share or 0.0) * size.slots)
@@ -134,7 +142,7 @@ def main() -> int:
         moved = (1 - rate) * lookups * model.expert_bytes
         seconds = cost.gpu_seconds_per_token + layers * overhead + moved / PCIE4
         table.add_row(label, f"{rate:.1%}", f"{moved / 1e9:.2f}", f"{1 / seconds:.1f}")
-        if cpu is not None and share == 0.2:
+        if cpu is not None and label == "recipe: 20% pinned":
             # the same cache, its misses computed on the CPU instead of copied (the hybrid)
             fixed, per_expert, _ = cpu
             seconds = cost.gpu_seconds_per_token + layers * (overhead + fixed) + (1 - rate) * lookups * per_expert

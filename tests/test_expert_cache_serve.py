@@ -594,6 +594,10 @@ def test_a_trace_with_a_hot_set_gets_the_policy_that_keeps_it_and_the_keys_reach
     choice = plan["cache_choice"]
     assert choice["policy"] == "frequency" and choice["label"].startswith("decayed frequency")
     assert choice["worst_gain_over_lru"] > 0.05  # points of hit rate on its worst stress scenario
+    # what it claims over the recipe's 20% pinned: its worst scenario's margin, printed beside the LRU gain
+    margins = [hit - recipe for hit, recipe in zip(choice["hit_rates"], choice["recipe_hit_rates"], strict=True)]
+    assert choice["worst_gain_over_recipe"] == min(margins) > 0.04
+    assert f"{choice['worst_gain_over_recipe']:+.2%} vs the recipe's 20% pinned" in result.stdout
     assert env["EXPERT_CACHE_POLICY"] == "frequency" and env["EXPERT_CACHE_PINNED"] == "0"
     assert int(env["EXPERT_CACHE_WINDOW"]) == plan["expert_cache"]["slots"]
     assert (

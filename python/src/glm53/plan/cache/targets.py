@@ -12,8 +12,9 @@ the rest. Belady's MIN gets the same slots per layer and the held-out part alone
 Targets (docs/plan.md): per engine, the recommendation never more than 0.25 points below plain LRU; on the
 stationary shape at 17%, at least the recipe + 4 points; the best family closes on average at least 35% of the
 LRU-to-MIN gap over the shapes. `exl3-cache` is glm53's GPU expert cache in ExLlamaV3, whose kernel runs what
-`glm53 plan expert-cache` chooses from: the guard is the one it must meet, and its row on the stationary shape says
-how much of the proposal's gain its fixed half-lives keep.
+`glm53 plan expert-cache` chooses from; its plan states a gain over the recipe's policy too (its worst stress
+scenario's, `CacheChoice.worst_gain_over_recipe`), so it has a fourth target: wherever that claim is at least 4
+points, the held-out part gives at least the recipe + 4.
 """
 
 from __future__ import annotations
@@ -66,9 +67,8 @@ class TargetRow(BaseModel):
     recommended: list[PolicyRate]
     # Beside the recommendations: plain LRU, the recipe's policy and ExLlamaV3's defaults, priced.
     baselines: list[PolicyRate] = []
-    # What the plan claims over the recipe's policy, per engine whose plan shows it beside the recipe's on every
-    # stress scenario (`glm53 plan expert-cache`): its choice's hit rate minus the recipe's on the worst of them,
-    # as it reports its gain over plain LRU.
+    # What the plan claims over the recipe's policy, per engine whose plan states it (`glm53 plan expert-cache`:
+    # `CacheChoice.worst_gain_over_recipe`, its choice's hit rate minus the recipe's on its worst stress scenario).
     claimed_over_recipe: dict[str, float] = {}
 
     def rate(self, engine: PolicyEngine) -> float:

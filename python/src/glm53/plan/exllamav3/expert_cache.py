@@ -212,6 +212,12 @@ class CacheChoice(BaseModel):
     learn_steps: int
     layers_replayed: list[int]
 
+    # What the plan claims over the recipe's policy: its worst scenario's margin, as it states its gain over LRU.
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def worst_gain_over_recipe(self) -> float:
+        return min(hit - recipe for hit, recipe in zip(self.hit_rates, self.recipe_hit_rates, strict=True))
+
 
 def choose_cache_setting(trace: RoutingTrace, size: CacheSize, *, seed: int = 0) -> CacheChoice:
     """`recommend`'s choice among the cache's policies (`exl3-cache`: the recipe engine's pinned-LRU family and
